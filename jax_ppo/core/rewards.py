@@ -1,0 +1,59 @@
+"""Per-token reward shaping for RLHF."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ppo.core import _checks
+
+Array = jax.Array
+
+
+def last_valid_index(mask: Array) -> Array:
+  """Index of the last valid token of each row of a `[B, T]` mask (-1 for an empty row)."""
+  _checks.check_rank("mask", mask, 2, "[B, T]")
+  valid = jnp.asarray(mask) != 0
+  t = valid.shape[1]
+  last = t - 1 - jnp.argmax(valid[:, ::-1], axis=1)
+  return jnp.where(jnp.any(valid, axis=1), last, -1).astype(jnp.int32)
+
+
+def shape_rewards(scores: Array, kl: Array, mask: Array, *, kl_coef: float | Array) -> Array:
+  r"""Per-token rewards: a KL penalty on every valid token plus the score on the last one.
+
+  Ziegler et al. (2019); Stiennon et al. (2020):
+
+  .. math::  r_t = -\beta\, \mathrm{KL}_t\, m_t + s \cdot [t = t_{last}]
+
+  where :math:`t_{last}` is the last valid token of the row (the EOS position, not one past it:
+  RLHF_DETAILS.md item 6, trl#1893).
+
+  Args:
+    scores: `[B]` scalar rewards of the responses.
+    kl: `[B, T]` per-token KL estimates (`kl_penalty`).
+    mask: `[B, T]` bool or float mask.
+    kl_coef: KL coefficient beta: a scalar (float32 array when it changes during training) or a
+      `[B]` array of per-row coefficients.
+
+  Returns:
+    `[B, T]` float32 rewards, 0 where `mask` is 0. A row without valid tokens gets no score.
+  """
+  _checks.check_rank("scores", scores, 1, "[B]")
+  _checks.check_rank("kl", kl, 2, "[B, T]")
+  _checks.check_same_shape(kl=kl, mask=mask)
+  if _checks.shape_of(scores)[0] != _checks.shape_of(kl)[0]:
+    raise ValueError(
+        f"`scores` [B] and `kl` [B, T] disagree on B: `scores` {_checks.shape_of(scores)}, "
+        f"`kl` {_checks.shape_of(kl)}."
+    )
+  coef = jnp.asarray(kl_coef, jnp.float32)
+  if coef.ndim == 1:
+    coef = coef[:, None]
+  elif coef.ndim != 0:
+    raise ValueError(f"`kl_coef` must be a scalar or [B], got shape {coef.shape}.")
+  valid = jnp.asarray(mask) != 0
+  rewards = jnp.where(valid, -coef * jnp.asarray(kl, jnp.float32), 0.0)
+  last = last_valid_index(mask)
+  at_last = jnp.arange(valid.shape[1])[None, :] == last[:, None]
+  return rewards + jnp.where(at_last, jnp.asarray(scores, jnp.float32)[:, None], 0.0)
