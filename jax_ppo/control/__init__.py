@@ -1,0 +1,27 @@
+"""jax_ppo.control: PPO on gymnax control tasks, built from the same core as the LM trainer.
+
+CartPole-v1 checks that `jax_ppo.core` (GAE, clipped losses, entropy) trains a policy to the
+task's ceiling; see `experiments/cartpole_ppo.py`. Needs gymnax (the `experiments` extra).
+"""
+
+from jax_ppo.control.ppo import (
+    ActorCritic,
+    EpisodeStats,
+    PPOConfig,
+    final_return,
+    init_episode_stats,
+    make_env,
+    make_train,
+    update_episode_stats,
+)
+
+__all__ = [
+    "ActorCritic",
+    "EpisodeStats",
+    "PPOConfig",
+    "final_return",
+    "init_episode_stats",
+    "make_env",
+    "make_train",
+    "update_episode_stats",
+]
