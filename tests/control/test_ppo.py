@@ -1,0 +1,143 @@
+"""Tests of jax_ppo.control.ppo: config validation, episode statistics, and a short CartPole run
+that must learn (PPO from the core functions beats a random policy by a wide margin)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_ppo.control import (
+    PPOConfig,
+    final_return,
+    init_episode_stats,
+    make_train,
+    update_episode_stats,
+)
+
+# A uniformly random policy lasts about 22 steps on CartPole-v1 (reward 1 per step).
+RANDOM_POLICY_RETURN = 22.0
+
+
+def test_default_config_is_purejaxrl_cartpole():
+  c = PPOConfig()
+  assert (c.total_timesteps, c.num_envs, c.num_steps) == (500_000, 4, 128)
+  assert (c.update_epochs, c.num_minibatches, c.lr, c.anneal_lr) == (4, 4, 2.5e-4, True)
+  assert (c.gamma, c.gae_lambda, c.clip_eps, c.value_clip_eps) == (0.99, 0.95, 0.2, 0.2)
+  assert (c.ent_coef, c.vf_coef, c.max_grad_norm) == (0.01, 0.5, 0.5)
+  assert (c.hidden_sizes, c.activation) == ((64, 64), "tanh")
+  assert (c.batch_size, c.minibatch_size, c.num_updates) == (512, 128, 976)
+
+
+def test_config_is_frozen_and_keyword_only():
+  c = PPOConfig()
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    c.lr = 1.0  # type: ignore[misc]
+  with pytest.raises(TypeError):
+    PPOConfig("CartPole-v1")  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        # 4 * 128 = 512 transitions cannot be split into 3 minibatches.
+        ({"num_minibatches": 3}, "num_minibatches"),
+        ({"num_envs": 3, "num_steps": 5, "num_minibatches": 2}, "num_minibatches"),
+        ({"total_timesteps": 100}, "total_timesteps"),
+        ({"num_envs": 0}, "num_envs"),
+        ({"update_epochs": 1.5}, "update_epochs"),
+        ({"gamma": 1.5}, "gamma"),
+        ({"gae_lambda": -0.1}, "gae_lambda"),
+        ({"lr": 0.0}, "lr"),
+        ({"clip_eps": 0.0}, "clip_eps"),
+        ({"value_clip_eps": -1.0}, "value_clip_eps"),
+        ({"ent_coef": -0.01}, "ent_coef"),
+        ({"activation": "gelu"}, "activation"),
+        ({"hidden_sizes": ()}, "hidden_sizes"),
+        ({"log_every": -1}, "log_every"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+  with pytest.raises(ValueError, match=rf"PPOConfig\.{field}\b"):
+    PPOConfig(**kwargs)
+
+
+def test_config_divisibility_message_gives_the_fix():
+  with pytest.raises(ValueError, match=r"must divide num_envs \* num_steps = 4 \* 128 = 512"):
+    PPOConfig(num_minibatches=3)
+
+
+def test_value_clip_can_be_disabled():
+  assert PPOConfig(value_clip_eps=None).value_clip_eps is None
+
+
+def test_continuous_action_env_is_rejected():
+  with pytest.raises(ValueError, match=r"PPOConfig\.env_name.*Discrete"):
+    make_train(PPOConfig(env_name="Pendulum-v1"))
+
+
+def test_episode_stats_match_a_log_wrapper():
+  # Two environments; env 0 ends its episode at steps 2 and 4, env 1 never.
+  rewards = jnp.array([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [3.0, 2.0], [5.0, 2.0]])
+  dones = jnp.array([[0, 0], [0, 0], [1, 0], [0, 0], [1, 0]], bool)
+  stats = init_episode_stats(2)
+  returned = []
+  for r, d in zip(rewards, dones, strict=True):
+    stats = update_episode_stats(stats, r, d)
+    returned.append(np.asarray(stats.returned_episode_return))
+  np.testing.assert_array_equal(
+      np.stack(returned), [[0, 0], [0, 0], [3, 0], [3, 0], [8, 0]]
+  )
+  np.testing.assert_array_equal(stats.returned_episode_length, [2, 0])
+  np.testing.assert_array_equal(stats.episode_return, [0, 10])
+  np.testing.assert_array_equal(stats.episode_length, [0, 5])
+  np.testing.assert_array_equal(stats.timestep, [5, 5])
+
+
+def test_final_return_averages_completed_episodes_of_the_last_updates():
+  metrics = {
+      "episode_return_sum": np.array([[10.0, 0.0, 300.0, 500.0], [0.0, 0.0, 0.0, 0.0]]),
+      "episodes": np.array([[1, 0, 1, 1], [0, 0, 0, 0]]),
+  }
+  out = final_return(metrics, last_updates=3)
+  assert out[0] == pytest.approx(400.0)
+  assert np.isnan(out[1])  # No completed episode: NaN, not 0.
+
+
+@pytest.fixture(scope="module")
+def short_run():
+  config = PPOConfig(total_timesteps=40_000)
+  params, metrics = jax.jit(make_train(config))(jax.random.key(0))
+  return config, params, jax.device_get(metrics)
+
+
+def test_short_cartpole_run_learns(short_run):
+  config, _, metrics = short_run
+  early = final_return({k: v[:10] for k, v in metrics.items()}, last_updates=10)
+  late = final_return(metrics, last_updates=10)
+  # About 20 at the start (random policy), 150-200 after 4e4 steps across seeds.
+  assert early < 2 * RANDOM_POLICY_RETURN
+  assert late > 5 * RANDOM_POLICY_RETURN, (early, late)
+
+
+def test_short_run_metrics(short_run):
+  config, params, metrics = short_run
+  u = config.num_updates
+  for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
+               "value_clipfrac", "episode_return_sum", "returned_episode_returns"):
+    assert metrics[name].shape == (u,), name
+    assert np.all(np.isfinite(metrics[name])), name
+  np.testing.assert_array_equal(metrics["timestep"], np.arange(1, u + 1) * config.batch_size)
+  # Two actions: entropy starts near log(2) (orthogonal 0.01 head) and stays in (0, log 2].
+  assert metrics["entropy"][0] == pytest.approx(np.log(2.0), abs=1e-3)
+  assert np.all((metrics["entropy"] > 0) & (metrics["entropy"] <= np.log(2.0) + 1e-6))
+  # The learning rate anneals linearly from lr towards 0.
+  assert metrics["learning_rate"][0] == pytest.approx(config.lr)
+  assert metrics["learning_rate"][-1] == pytest.approx(config.lr / u, rel=1e-4)
+  assert np.all(np.diff(metrics["learning_rate"]) < 0)
+  # CartPole's reward is 1 per step, so completed episodes sum to <= 500 each.
+  assert np.all(metrics["episode_return_sum"] <= 500 * metrics["episodes"])
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
