@@ -63,7 +63,14 @@ def entropy_from_logits(logits: Array, temperature: float | Array = 1.0) -> Arra
     `[B, T]` float32 entropies in nats.
   """
   z = _scaled_logits(logits, temperature)
+  # Shifting by the row maximum leaves the distribution unchanged but keeps `lse` and `p . z`
+  # small, so their difference does not cancel catastrophically for peaked distributions with
+  # large logits (which otherwise gives entropies that are slightly negative).
+  z = z - jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
   lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
   p = jnp.exp(z - lse)
   # Masked vocabulary entries (z = -inf) have p = 0 and contribute nothing, not 0 * inf = nan.
-  return lse[..., 0] - jnp.sum(jnp.where(p > 0, p * z, 0.0), axis=-1)
+  # `z` itself is replaced before the product (not only the product afterwards): otherwise the
+  # backward pass of `p * z` computes 0 * (-inf) = nan and the gradient is nan everywhere.
+  z_finite = jnp.where(p > 0, z, 0.0)
+  return lse[..., 0] - jnp.sum(p * z_finite, axis=-1)
