@@ -1,0 +1,126 @@
+"""Hypothesis strategies and assertion helpers shared by the tests of `jax_ppo.core`.
+
+Shapes are drawn from a few sizes per axis (`B in {1, 2, 4}`, `T in {1, 3, 6}`, `V in {2, 5}`):
+JAX compiles every primitive once per shape, so a handful of shapes shared by all tests keeps
+the suite fast while still covering single rows, single steps and uneven sizes.
+
+Values are drawn on a coarse grid (multiples of 1/8 by default) rather than from arbitrary
+floats: every property then holds without catastrophic cancellation in float32, so the
+float32-vs-float64 comparisons can use tight tolerances. Masks cover the cases that break
+padding code: rows of only padding, a single valid token in the whole batch, holes, left and
+right padding, and bool, float and int dtypes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+B_SIZES = (1, 2, 4)
+T_SIZES = (1, 3, 6)
+V_SIZES = (2, 5)
+
+MASK_DTYPES = (np.bool_, np.float32)
+NONFINITE_JUNK = (np.nan, np.inf, -np.inf, 1e30, -1e30, 123.0)
+FINITE_JUNK = (1e4, -1e4, 50.0, -50.0, 123.0, 0.0)
+
+
+def batch_shapes():
+  """`(B, T)` pairs."""
+  return st.tuples(st.sampled_from(B_SIZES), st.sampled_from(T_SIZES))
+
+
+def grid_arrays(shape, *, lo: float = -4.0, hi: float = 4.0, step: float = 0.125):
+  """float32 arrays whose entries are multiples of `step` in `[lo, hi]`."""
+  n_lo, n_hi = int(round(lo / step)), int(round(hi / step))
+  return hnp.arrays(np.int64, shape, elements=st.integers(n_lo, n_hi)).map(
+      lambda a: (a * step).astype(np.float32)
+  )
+
+
+@st.composite
+def masks(draw, shape, *, contiguous: bool = False, dtypes=MASK_DTYPES) -> np.ndarray:
+  """`[B, T]` masks of a drawn dtype.
+
+  With `contiguous=True` every row's valid tokens form one block (left-, right- or
+  both-side padding, or an empty row), as for real responses.
+  """
+  b, t = shape
+  mode = draw(st.sampled_from(("rows", "rows", "rows", "one_valid", "all_padding")))
+  m = np.zeros((b, t), bool)
+  if mode == "one_valid":
+    m[draw(st.integers(0, b - 1)), draw(st.integers(0, t - 1))] = True
+  elif mode == "rows":
+    kinds = ["prefix", "segment", "empty", "single", "full"]
+    if not contiguous:
+      kinds.append("random")
+    for row in range(b):
+      kind = draw(st.sampled_from(kinds))
+      if kind == "random":
+        m[row] = draw(hnp.arrays(np.bool_, (t,)))
+      elif kind == "prefix":
+        m[row, : draw(st.integers(0, t))] = True
+      elif kind == "segment":
+        start = draw(st.integers(0, t))
+        m[row, start : draw(st.integers(start, t))] = True
+      elif kind == "single":
+        m[row, draw(st.integers(0, t - 1))] = True
+      elif kind == "full":
+        m[row] = True
+  return m.astype(draw(st.sampled_from(dtypes)))
+
+
+def junk(shape, *, nonfinite: bool = True):
+  """float32 arrays of values that must never matter (NaN, inf, huge)."""
+  pool = NONFINITE_JUNK if nonfinite else FINITE_JUNK
+  return hnp.arrays(np.float32, shape, elements=st.sampled_from(pool))
+
+
+def fill_masked(x: np.ndarray, mask: np.ndarray, fill: np.ndarray) -> np.ndarray:
+  """`x` with the entries where `mask == 0` replaced by `fill` (broadcast over trailing axes)."""
+  m = np.asarray(mask) != 0
+  m = m.reshape(m.shape + (1,) * (np.ndim(x) - m.ndim))
+  return np.where(m, x, fill).astype(np.asarray(x).dtype)
+
+
+def permutations(n: int):
+  return st.permutations(list(range(n))).map(np.asarray)
+
+
+def seeds():
+  return st.integers(0, 2**32 - 1)
+
+
+def f64(x) -> np.ndarray:
+  return np.asarray(x, np.float64)
+
+
+def assert_close(actual, expected, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
+  np.testing.assert_allclose(f64(actual), f64(expected), rtol=rtol, atol=atol)
+
+
+def assert_f32_scalar(x) -> None:
+  assert np.shape(x) == (), np.shape(x)
+  assert np.asarray(x).dtype == np.float32, np.asarray(x).dtype
+
+
+@functools.cache
+def _jitted(fn, static_argnames: tuple[str, ...]):
+  return jax.jit(fn, static_argnames=static_argnames)
+
+
+def jit_call(fn, *args, **kwargs):
+  """`fn(*args, **kwargs)` under one cached `jax.jit` per function and static configuration.
+
+  String, bool and int keywords (estimator, reduction, group_size, axis, ...) are static; float
+  keywords (gamma, clip_eps, temperature, ...) are traced, so new values do not recompile.
+  Property tests call the core through this: compiling one program per shape is several times
+  cheaper than eager dispatch, which compiles every primitive for every new shape. Eager calls
+  are compared with jitted ones in each module's jit/vmap test.
+  """
+  static = tuple(sorted(k for k, v in kwargs.items() if isinstance(v, (str, int))))
+  return _jitted(fn, static)(*args, **kwargs)
