@@ -1,0 +1,397 @@
+"""The compiled sampler: prefill plus a `lax.while_loop` decode over a KV cache, in one jit.
+
+`generate` is a pure function of `(graphdef, state, input_ids, attention_mask, rng)`: it merges the
+NNX model inside the trace, prefills the unique prompts once, repeats their cache for the
+`n_samples` rows of each prompt, then decodes one token per loop iteration until every row has
+produced a stop token or `max_new_tokens` is reached. The whole rollout is one XLA program: no
+host round-trip per token. The KV cache is allocated inside that program and updated in place by
+the loop (it is the loop carry), so it never crosses the jit boundary and is freed as soon as the
+rollout returns, leaving the memory to the training step.
+
+`Sampler` wraps it for host use: it left-pads prompts into bucketed shapes (bounded compiles),
+splits the batch into micro-batches chosen from a memory budget and concatenates the results.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from jax_ppo.core import gather_logprobs, position_ids_from_mask
+from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
+from jax_ppo.rollout.config import SamplingConfig
+from jax_ppo.rollout.sampling import sample_tokens
+
+Array = jax.Array
+
+
+@struct.dataclass
+class Rollout:
+  """Prompts and sampled responses; rows `[i * n, (i + 1) * n)` are the samples of prompt `i`.
+
+  Attributes:
+    prompt_ids: `[B, S]` int32 left-padded prompt ids.
+    prompt_mask: `[B, S]` int32, 1 on prompt tokens.
+    response_ids: `[B, T]` int32 sampled ids; PAD after the first stop token.
+    response_mask: `[B, T]` bool, valid through the first stop token (inclusive).
+    logprobs: `[B, T]` float32 log-probs of the sampled tokens under
+      `log_softmax(logits / temperature)` (unfiltered); 0 on padding.
+    positions: `[B, S + T]` int32 position ids of the prompt + response sequence
+      (`cumsum(mask) - 1`), as the teacher-forced training forward uses them.
+    has_stop: `[B]` bool, False for rows that reached `max_new_tokens` without a stop token.
+  """
+
+  prompt_ids: Array
+  prompt_mask: Array
+  response_ids: Array
+  response_mask: Array
+  logprobs: Array
+  positions: Array
+  has_stop: Array
+
+  @property
+  def sequence_ids(self) -> Array:
+    """`[B, S + T]` prompt followed by response."""
+    return jnp.concatenate([self.prompt_ids, self.response_ids], axis=1)
+
+  @property
+  def attention_mask(self) -> Array:
+    """`[B, S + T]` int32, 1 on prompt and valid response tokens."""
+    return jnp.concatenate(
+        [self.prompt_mask, self.response_mask.astype(self.prompt_mask.dtype)], axis=1
+    )
+
+  @property
+  def response_lengths(self) -> Array:
+    """`[B]` int32 number of valid response tokens (stop token included)."""
+    return jnp.sum(self.response_mask, axis=1).astype(jnp.int32)
+
+
+def response_logits(model, rollout: Rollout, *, use_lora: bool = True) -> Array:
+  """Teacher-forced logits `[B, T, V]` that score each response token of `rollout`.
+
+  One forward pass over prompt + response with the rollout's attention mask and positions;
+  position `S + t - 1` predicts response token `t`.
+  """
+  s = rollout.prompt_ids.shape[1]
+  t = rollout.response_ids.shape[1]
+  logits = model(
+      rollout.sequence_ids,
+      rollout.attention_mask,
+      positions=rollout.positions,
+      use_lora=use_lora,
+  )
+  return logits[:, s - 1 : s + t - 1]
+
+
+def teacher_forced_logprobs(
+    model, rollout: Rollout, *, temperature: float | Array, use_lora: bool = True
+) -> Array:
+  """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
+
+  The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
+  new log-probs (RLHF_DETAILS.md item 4); 0 on padding, like `Rollout.logprobs`.
+  """
+  logits = response_logits(model, rollout, use_lora=use_lora)
+  logprobs = gather_logprobs(logits, rollout.response_ids, temperature)
+  return jnp.where(rollout.response_mask, logprobs, 0.0)
+
+
+def generate(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    input_ids: Array,
+    attention_mask: Array,
+    rng: Array,
+    *,
+    config: SamplingConfig,
+    cache_dtype=None,
+) -> Rollout:
+  """Samples `config.n_samples` responses per prompt in one compiled program.
+
+  Args:
+    graphdef: the causal LM's graph definition (`nnx.split(model)`).
+    state: the model's state (parameters).
+    input_ids: `[P, S]` left-padded prompt ids.
+    attention_mask: `[P, S]`, 1 on prompt tokens; every row needs at least one.
+    rng: PRNG key; step `t` samples with `fold_in(rng, t)`.
+    config: static sampling configuration.
+    cache_dtype: KV-cache dtype (default: the model's compute dtype).
+
+  Returns:
+    A `Rollout` of `P * n_samples` rows and `T = config.max_new_tokens` response steps.
+  """
+  model = nnx.merge(graphdef, state)
+  n, t_max = config.n_samples, config.max_new_tokens
+  p, s = input_ids.shape
+  b = p * n
+  stop_ids = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+  sample = functools.partial(
+      sample_tokens,
+      temperature=config.temperature,
+      top_k=config.top_k,
+      top_p=config.top_p,
+      greedy=config.greedy,
+  )
+
+  # The last sampled token is never fed back, so the cache needs S + T - 1 slots.
+  cache = model.init_cache(batch_size=p, max_length=s + t_max - 1, dtype=cache_dtype)
+  logits, cache = model.prefill(input_ids, attention_mask, cache)
+  if n > 1:  # Prefill each prompt once, then give each of its n samples a copy of its cache.
+    repeat = lambda x: jnp.repeat(x, n, axis=0) if x.ndim and x.shape[0] == p else x
+    logits = repeat(logits)
+    cache = cache._replace(
+        k=jnp.repeat(cache.k, n, axis=1),
+        v=jnp.repeat(cache.v, n, axis=1),
+        mask=repeat(cache.mask),
+        slot_positions=repeat(cache.slot_positions),
+        positions=repeat(cache.positions),
+    )
+
+  def emit(step, logits, done, tokens, logprobs):
+    """Samples step `step` from `logits` [B, V] for unfinished rows and records it."""
+    tok, lp = sample(jax.random.fold_in(rng, step), logits)
+    tok = jnp.where(done, config.pad_token_id, tok)
+    lp = jnp.where(done, 0.0, lp)
+    tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
+    logprobs = jax.lax.dynamic_update_slice(logprobs, lp[:, None], (0, step))
+    done = done | jnp.isin(tok, stop_ids)
+    return tok, done, tokens, logprobs
+
+  tokens = jnp.full((b, t_max), config.pad_token_id, jnp.int32)
+  logprobs = jnp.zeros((b, t_max), jnp.float32)
+  done0 = jnp.zeros((b,), bool)
+  tok, done, tokens, logprobs = emit(0, logits, done0, tokens, logprobs)
+
+  def cond(carry):
+    step, _, done, *_ = carry
+    keep_going = step < t_max
+    if config.early_stop:
+      keep_going &= ~jnp.all(done)
+    return keep_going
+
+  def body(carry):
+    step, tok, done, done_before, tokens, logprobs, cache = carry
+    # Feed the previous token; it is a real token unless its row had already finished.
+    logits, cache = model.decode_step(tok, cache, valid=~done_before)
+    new_done_before = done
+    tok, done, tokens, logprobs = emit(step, logits, done, tokens, logprobs)
+    return step + 1, tok, done, new_done_before, tokens, logprobs, cache
+
+  carry = (jnp.asarray(1, jnp.int32), tok, done, done0, tokens, logprobs, cache)
+  _, _, done, _, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
+
+  # Recomputing the mask from the tokens gives exactly "through the first stop token".
+  hits = jnp.isin(tokens, stop_ids)
+  response_mask = (jnp.cumsum(hits, axis=1) - hits) == 0
+  prompt_ids = jnp.repeat(input_ids, n, axis=0).astype(jnp.int32)
+  prompt_mask = jnp.repeat(attention_mask, n, axis=0).astype(jnp.int32)
+  full_mask = jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1)
+  return Rollout(
+      prompt_ids=prompt_ids,
+      prompt_mask=prompt_mask,
+      response_ids=jnp.where(response_mask, tokens, config.pad_token_id),
+      response_mask=response_mask,
+      logprobs=jnp.where(response_mask, logprobs, 0.0),
+      positions=position_ids_from_mask(full_mask),
+      has_stop=jnp.any(hits & response_mask, axis=1),
+  )
+
+
+def estimate_generation_bytes(
+    model_config,
+    *,
+    batch_size: int,
+    prompt_length: int,
+    max_new_tokens: int,
+    param_bytes: int,
+    cache_itemsize: int = 4,
+    activation_itemsize: int = 4,
+) -> int:
+  """Upper estimate of the device memory one `generate` call needs.
+
+  .. math::  \\text{params} + 2 L B (S + T) K D_h \\cdot \\text{itemsize}
+             + \\text{prefill activations} + \\text{logits}
+
+  The prefill term counts the attention scores `[B, H, S, S]` in float32 and a few `[B, S, F]`
+  MLP activations of one layer (layers run one at a time under `lax.scan`).
+
+  Args:
+    model_config: a `jax_ppo.models.ModelConfig`.
+    batch_size: rows per call (prompts x samples).
+    prompt_length: bucketed prompt length `S`.
+    max_new_tokens: `T`.
+    param_bytes: bytes of the model parameters (`param_bytes(state)`).
+    cache_itemsize: bytes per KV-cache element (2 for bf16).
+    activation_itemsize: bytes per activation element.
+  """
+  c = model_config
+  b, s, t = batch_size, prompt_length, max_new_tokens
+  kv = 2 * c.num_layers * b * (s + t) * c.num_kv_heads * c.head_dim * cache_itemsize
+  scores = b * c.num_heads * s * s * 4
+  widest = max(c.intermediate_size * 3, c.hidden_size * 4, c.q_size + 2 * c.kv_size)
+  prefill = scores + b * s * widest * activation_itemsize
+  logits = 3 * b * c.vocab_size * 4
+  tokens = 3 * b * t * 4
+  return int(param_bytes + kv + prefill + logits + tokens)
+
+
+def param_bytes(state) -> int:
+  """Total bytes of the arrays in a pytree (e.g. an `nnx.State`)."""
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if hasattr(x, "size")))
+
+
+def choose_micro_batch(
+    model_config,
+    *,
+    budget_bytes: int,
+    prompt_length: int,
+    max_new_tokens: int,
+    param_bytes: int,
+    candidates: Sequence[int],
+    cache_itemsize: int = 4,
+) -> int:
+  """The largest candidate batch size whose `estimate_generation_bytes` fits `budget_bytes`.
+
+  Raises:
+    ValueError: when not even the smallest candidate fits (naming the bytes needed).
+  """
+  best = None
+  for b in sorted(candidates):
+    need = estimate_generation_bytes(
+        model_config,
+        batch_size=b,
+        prompt_length=prompt_length,
+        max_new_tokens=max_new_tokens,
+        param_bytes=param_bytes,
+        cache_itemsize=cache_itemsize,
+    )
+    if need <= budget_bytes:
+      best = b
+  if best is None:
+    smallest = min(candidates)
+    need = estimate_generation_bytes(
+        model_config,
+        batch_size=smallest,
+        prompt_length=prompt_length,
+        max_new_tokens=max_new_tokens,
+        param_bytes=param_bytes,
+        cache_itemsize=cache_itemsize,
+    )
+    raise ValueError(
+        f"memory budget of {budget_bytes / 2**30:.2f} GiB cannot hold even a micro-batch of "
+        f"{smallest} rows ({need / 2**30:.2f} GiB needed): raise the budget, shorten "
+        "max_new_tokens or prompts, or use a bf16 KV cache."
+    )
+  return best
+
+
+class Sampler:
+  """Host-side driver of `generate`: bucketing, micro-batching, one compile per shape.
+
+  Args:
+    model: the causal LM (an NNX module); it is split once here.
+    config: sampling configuration.
+    memory_budget_bytes: when set, micro-batches are chosen by `choose_micro_batch`;
+      otherwise every prompt is processed in one call (padded to a batch bucket).
+    cache_dtype: KV-cache dtype (default: the model's compute dtype).
+
+  Example::
+
+    sampler = Sampler(model, SamplingConfig(max_new_tokens=32, stop_token_ids=(eos,)))
+    rollout = sampler(prompts, jax.random.key(0))  # prompts: list of token-id lists
+  """
+
+  def __init__(
+      self,
+      model,
+      config: SamplingConfig,
+      *,
+      memory_budget_bytes: int | None = None,
+      cache_dtype=None,
+  ):
+    self.graphdef, self.state = nnx.split(model)
+    self.model_config = model.config
+    self.compute_dtype = model.dtype
+    self.config = config
+    self.memory_budget_bytes = memory_budget_bytes
+    self.cache_dtype = cache_dtype
+    self._generate = jax.jit(
+        functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype)
+    )
+
+  def update_state(self, state: nnx.State) -> None:
+    """Uses new parameters (same structure and shapes) without recompiling."""
+    self.state = state
+
+  @property
+  def compile_count(self) -> int:
+    """Number of distinct programs compiled so far (one per prompt/batch bucket pair)."""
+    return self._generate._cache_size()
+
+  def micro_batch_size(self, num_prompts: int, prompt_length: int) -> int:
+    """Prompts per `generate` call for this batch (a batch bucket)."""
+    cfg = self.config
+    fit = bucket_for(num_prompts, cfg.batch_buckets, what="Number of prompts")
+    if self.memory_budget_bytes is None:
+      return fit
+    rows = choose_micro_batch(
+        self.model_config,
+        budget_bytes=self.memory_budget_bytes,
+        prompt_length=prompt_length,
+        max_new_tokens=cfg.max_new_tokens,
+        param_bytes=param_bytes(self.state),
+        candidates=[b * cfg.n_samples for b in cfg.batch_buckets if b <= fit],
+        cache_itemsize=jnp.dtype(self.cache_dtype or self.compute_dtype).itemsize,
+    )
+    return rows // cfg.n_samples
+
+  def __call__(
+      self, prompts: Sequence[Sequence[int]], rng: Array, *, state: nnx.State | None = None
+  ) -> Rollout:
+    """Samples `n_samples` responses for each prompt (a list of token-id lists).
+
+    Prompts are left-padded to a prompt bucket, grouped into micro-batches of a batch bucket
+    (the last one padded with one-token dummy prompts whose rows are dropped), and each
+    micro-batch is sampled with `fold_in(rng, i)`.
+    """
+    state = self.state if state is None else state
+    ids, mask = left_pad_prompts(
+        prompts, self.config, max_context=self.model_config.max_position_embeddings
+    )
+    p = ids.shape[0]
+    mb = self.micro_batch_size(p, ids.shape[1])
+    chunks = []
+    for i, start in enumerate(range(0, p, mb)):
+      chunk_ids, chunk_mask = ids[start : start + mb], mask[start : start + mb]
+      real = chunk_ids.shape[0]
+      if real < mb:  # Pad with one-token dummy prompts so the shape stays a bucket.
+        pad = mb - real
+        dummy_ids = np.full((pad, ids.shape[1]), self.config.pad_token_id, np.int32)
+        dummy_mask = np.zeros((pad, ids.shape[1]), np.int32)
+        dummy_mask[:, -1] = 1
+        chunk_ids = np.concatenate([chunk_ids, dummy_ids])
+        chunk_mask = np.concatenate([chunk_mask, dummy_mask])
+      out = self._generate(state, chunk_ids, chunk_mask, jax.random.fold_in(rng, i))
+      rows = real * self.config.n_samples
+      chunks.append(jax.tree.map(lambda x, rows=rows: x[:rows], out))
+    if len(chunks) == 1:
+      return chunks[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *chunks)
+
+
+__all__ = [
+    "Rollout",
+    "Sampler",
+    "choose_micro_batch",
+    "estimate_generation_bytes",
+    "generate",
+    "param_bytes",
+    "response_logits",
+    "teacher_forced_logprobs",
+]
