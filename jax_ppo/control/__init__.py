@@ -12,6 +12,7 @@ from jax_ppo.control.ppo import (
     init_episode_stats,
     make_env,
     make_train,
+    return_curve,
     update_episode_stats,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "init_episode_stats",
     "make_env",
     "make_train",
+    "return_curve",
     "update_episode_stats",
 ]

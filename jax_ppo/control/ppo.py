@@ -224,6 +224,30 @@ def final_return(metrics: dict[str, Any], *, last_updates: int = 10) -> np.ndarr
     return total.astype(np.float64) / count
 
 
+def return_curve(metrics: dict[str, Any], *, window: int = 10) -> np.ndarray:
+  """Learning curve: mean return of the episodes completed in a trailing window of updates.
+
+  Args:
+    metrics: the metrics of `train`, leading axes `[..., U]`.
+    window: number of updates (ending at each update) whose completed episodes are averaged.
+
+  Returns:
+    float64 array `[..., U]`; NaN until the first episode completes.
+  """
+  if window < 1:
+    raise ValueError(f"`window` must be >= 1, got {window}.")
+
+  def trailing_sum(x):
+    c = np.cumsum(np.asarray(x, np.float64), axis=-1)
+    shifted = np.concatenate([np.zeros_like(c[..., :window]), c[..., :-window]], axis=-1)
+    return c - shifted[..., : c.shape[-1]]
+
+  total = trailing_sum(metrics["episode_return_sum"])
+  count = trailing_sum(metrics["episodes"])
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(count > 0, total / count, np.nan)
+
+
 # ----------------------------------------------------------------------------------------------
 # Network.
 

@@ -15,6 +15,7 @@ from jax_ppo.control import (
     final_return,
     init_episode_stats,
     make_train,
+    return_curve,
     update_episode_stats,
 )
 
@@ -105,6 +106,22 @@ def test_final_return_averages_completed_episodes_of_the_last_updates():
   out = final_return(metrics, last_updates=3)
   assert out[0] == pytest.approx(400.0)
   assert np.isnan(out[1])  # No completed episode: NaN, not 0.
+
+
+def test_return_curve_is_a_trailing_window_over_completed_episodes():
+  metrics = {
+      "episode_return_sum": np.array([0.0, 10.0, 0.0, 300.0, 500.0]),
+      "episodes": np.array([0, 1, 0, 1, 1]),
+  }
+  np.testing.assert_allclose(
+      return_curve(metrics, window=2), [np.nan, 10.0, 10.0, 300.0, 400.0]
+  )
+  np.testing.assert_allclose(
+      return_curve(metrics, window=10), [np.nan, 10.0, 10.0, 155.0, 270.0]
+  )
+  assert return_curve(metrics, window=3)[-1] == final_return(metrics, last_updates=3)
+  with pytest.raises(ValueError, match="window"):
+    return_curve(metrics, window=0)
 
 
 @pytest.fixture(scope="module")
