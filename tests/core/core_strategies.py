@@ -99,8 +99,10 @@ def f64(x) -> np.ndarray:
   return np.asarray(x, np.float64)
 
 
-def assert_close(actual, expected, *, rtol: float = 1e-5, atol: float = 1e-5) -> None:
-  np.testing.assert_allclose(f64(actual), f64(expected), rtol=rtol, atol=atol)
+def assert_close(
+    actual, expected, *, rtol: float = 1e-5, atol: float = 1e-5, err_msg: str = ""
+) -> None:
+  np.testing.assert_allclose(f64(actual), f64(expected), rtol=rtol, atol=atol, err_msg=err_msg)
 
 
 def assert_f32_scalar(x) -> None:
