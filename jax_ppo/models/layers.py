@@ -1,0 +1,221 @@
+"""Building blocks of the decoder: projections with optional LoRA, norms, RoPE, attention.
+
+Every parameter may carry leading "stack" axes (`[L, ...]` for the layer stack): modules are
+created once with `stack=(L,)` and sliced by `jax.lax.scan` in `transformer.py`, so their
+`__call__` never assumes a rank for anything but the last axes of a parameter.
+
+Parameters are stored in `param_dtype` and cast to the compute `dtype` when used. Norms,
+softmax and RoPE angles are computed in float32 whatever the compute dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Array = jax.Array
+
+#: Projections that LoRA can adapt, by the name used in `LoRAConfig.targets`.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def activation_fn(name: str) -> Callable[[Array], Array]:
+  """The MLP nonlinearity called `name` in transformers' ACT2FN."""
+  if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+    return lambda x: jax.nn.gelu(x, approximate=True)
+  if name == "gelu":
+    return lambda x: jax.nn.gelu(x, approximate=False)
+  if name in ("silu", "swish"):
+    return jax.nn.silu
+  if name == "relu":
+    return jax.nn.relu
+  raise ValueError(f"Unsupported activation {name!r}.")
+
+
+def _normal(std: float):
+  return nnx.initializers.normal(stddev=std)
+
+
+class Linear(nnx.Module):
+  r"""Affine map `y = x W + b` with an optional low-rank adapter (LoRA, Hu et al. 2021).
+
+  .. math::  y = x W + b + \frac{\alpha}{r} (x A) B
+
+  `W` is `[*stack, in, out]` (`nnx.Param`), `b` `[*stack, out]`; the adapter's `A`
+  `[*stack, in, r]` and `B` `[*stack, r, out]` are `nnx.LoRAParam`s, so that
+  `nnx.split(model, nnx.LoRAParam, ...)` separates the trainable adapters from the frozen base.
+  `B` starts at zero: a freshly adapted model equals its base.
+  """
+
+  def __init__(
+      self,
+      in_features: int,
+      out_features: int,
+      *,
+      use_bias: bool,
+      stack: tuple[int, ...] = (),
+      init_std: float = 0.02,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.in_features = in_features
+    self.out_features = out_features
+    self.dtype = dtype
+    self.kernel = nnx.Param(
+        _normal(init_std)(rngs.params(), (*stack, in_features, out_features), param_dtype)
+    )
+    self.bias = nnx.data(
+        nnx.Param(jnp.zeros((*stack, out_features), param_dtype)) if use_bias else None
+    )
+    self.lora_a = nnx.data(None)
+    self.lora_b = nnx.data(None)
+    self.lora_scale = 0.0
+
+  def add_lora(self, *, rank: int, alpha: float, rngs: nnx.Rngs) -> None:
+    """Attaches a rank-`rank` adapter scaled by `alpha / rank`; `A` ~ N(0, 1/in), `B` = 0."""
+    stack = self.kernel.shape[:-2]
+    dtype = self.kernel.dtype
+    self.lora_a = nnx.LoRAParam(
+        _normal(1.0 / math.sqrt(self.in_features))(
+            rngs.params(), (*stack, self.in_features, rank), dtype
+        )
+    )
+    self.lora_b = nnx.LoRAParam(jnp.zeros((*stack, rank, self.out_features), dtype))
+    self.lora_scale = float(alpha) / rank
+
+  def merged_kernel(self) -> Array:
+    """`W + (alpha / r) A B` in float32 (the kernel to export), `[*stack, in, out]`."""
+    w = self.kernel[...].astype(jnp.float32)
+    if self.lora_a is None:
+      return w
+    delta = jnp.matmul(self.lora_a[...].astype(jnp.float32), self.lora_b[...].astype(jnp.float32))
+    return w + self.lora_scale * delta
+
+  def __call__(self, x: Array, *, use_lora: bool = True) -> Array:
+    """`x` `[..., in]` -> `[..., out]` in the compute dtype."""
+    x = x.astype(self.dtype)
+    y = jnp.dot(x, self.kernel[...].astype(self.dtype))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    if use_lora and self.lora_a is not None:
+      down = jnp.dot(x, self.lora_a[...].astype(self.dtype))
+      y = y + self.lora_scale * jnp.dot(down, self.lora_b[...].astype(self.dtype))
+    return y
+
+
+class Norm(nnx.Module):
+  r"""RMSNorm (:math:`x / \sqrt{\overline{x^2} + \epsilon} \cdot g`, Zhang & Sennrich 2019) or
+  LayerNorm (:math:`(x - \bar x) / \sqrt{\mathrm{Var}\,x + \epsilon} \cdot g + b`), over the last
+  axis, computed in float32 and returned in the compute dtype (as transformers does)."""
+
+  def __init__(
+      self,
+      features: int,
+      *,
+      kind: str,
+      eps: float,
+      stack: tuple[int, ...] = (),
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+  ):
+    self.kind = kind
+    self.eps = eps
+    self.dtype = dtype
+    self.scale = nnx.Param(jnp.ones((*stack, features), param_dtype))
+    self.bias = nnx.data(
+        nnx.Param(jnp.zeros((*stack, features), param_dtype)) if kind == "layer" else None
+    )
+
+  def __call__(self, x: Array) -> Array:
+    x32 = x.astype(jnp.float32)
+    if self.kind == "layer":
+      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(var + self.eps)
+    if self.kind == "rms":
+      # transformers casts back to the input dtype before the scale (Llama, Qwen).
+      return (self.scale[...].astype(self.dtype) * y.astype(self.dtype)).astype(self.dtype)
+    y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+    return y.astype(self.dtype)
+
+
+class Embed(nnx.Module):
+  """Token (or position) embedding table `[num, features]`; also the tied output projection."""
+
+  def __init__(
+      self,
+      num: int,
+      features: int,
+      *,
+      init_std: float = 0.02,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    self.dtype = dtype
+    self.embedding = nnx.Param(_normal(init_std)(rngs.params(), (num, features), param_dtype))
+
+  def __call__(self, ids: Array) -> Array:
+    """`ids` `[...]` int -> `[..., features]`."""
+    return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+  def attend(self, x: Array) -> Array:
+    """Tied output projection: `x` `[..., features]` -> `[..., num]` = `x E^T`."""
+    return jnp.dot(x.astype(self.dtype), self.embedding[...].astype(self.dtype).T)
+
+
+def rope_cos_sin(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
+  r"""Rotary tables for `positions` `[B, S]`: `cos`, `sin` `[B, S, Dh]` float32.
+
+  Angle :math:`\phi_{t,i} = p_t f_i`, repeated over both halves of the head (transformers'
+  rotate-half layout): `cos = concat(cos phi, cos phi)`.
+  """
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq.astype(jnp.float32)
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+  r"""Rotates `x` `[B, S, N, Dh]` by the angles of `cos`/`sin` `[B, S, Dh]` (Su et al. 2021).
+
+  .. math::  x' = x \cos\phi + \mathrm{rotate\_half}(x) \sin\phi,\quad
+     \mathrm{rotate\_half}([x_1, x_2]) = [-x_2, x_1]
+  """
+  half = x.shape[-1] // 2
+  x32 = x.astype(jnp.float32)
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+  return out.astype(x.dtype)
+
+
+def attention(q: Array, k: Array, v: Array, mask: Array, *, scale: float) -> Array:
+  r"""Grouped-query attention :math:`\mathrm{softmax}(s\, q k^\top + \text{mask})\, v`.
+
+  Keys and values are never repeated over the query groups: queries are viewed as
+  `[B, S, K, H/K, Dh]` and contracted against `[B, T, K, Dh]`. Scores and the softmax are float32;
+  masked scores get the most negative float32, so a row with no visible key (a padding query)
+  averages the values uniformly instead of producing NaN.
+
+  Args:
+    q: `[B, S, H, Dh]` queries.
+    k: `[B, T, K, Dh]` keys, `K` dividing `H`.
+    v: `[B, T, K, Dh]` values.
+    mask: `[B, S, T]` bool, True where query `s` may attend to key `t`.
+    scale: multiplier of the scores (usually `Dh ** -0.5`).
+
+  Returns:
+    `[B, S, H, Dh]` in the dtype of `v`.
+  """
+  b, s, h, dh = q.shape
+  kv_heads = k.shape[2]
+  q = (q * jnp.asarray(scale, q.dtype)).reshape(b, s, kv_heads, h // kv_heads, dh)
+  scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+  return out.reshape(b, s, h, dh)

@@ -1,0 +1,546 @@
+r"""The decoder shared by every family, its causal-LM head, and the KV cache for generation.
+
+Layout of one block (pre-norm, as in GPT-2, Llama, Mistral and Qwen):
+
+.. math::
+   h &\leftarrow h + W_o\, \mathrm{Attn}(\mathrm{RoPE}(W_q n(h)), \mathrm{RoPE}(W_k n(h)),
+        W_v n(h)) \\
+   h &\leftarrow h + \mathrm{MLP}(n'(h)),\quad
+   \mathrm{MLP}(x) = W_d(\sigma(W_g x) \odot W_u x) \text{ (gated) or } W_d \sigma(W_u x)
+
+The `L` blocks are one `Block` module whose parameters carry a leading `[L]` axis; the forward
+pass runs them with `jax.lax.scan` (one compiled block whatever the depth) or, with
+`scan_layers=False`, unrolls a Python loop over the same stacked weights.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_ppo.core import position_ids_from_mask
+from jax_ppo.models.config import ModelConfig
+from jax_ppo.models.layers import (
+    Embed,
+    Linear,
+    Norm,
+    activation_fn,
+    apply_rope,
+    attention,
+    rope_cos_sin,
+)
+
+Array = jax.Array
+
+#: Rematerialisation policies of the per-layer body (`remat=`).
+REMAT_POLICIES = ("none", "layer", "dots", "dots_all")
+
+
+def _remat_policy(name: str):
+  if name == "layer":
+    return jax.checkpoint_policies.nothing_saveable
+  if name == "dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  if name == "dots_all":
+    return jax.checkpoint_policies.dots_saveable
+  raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {name!r}.")
+
+
+class KVCache(NamedTuple):
+  """Preallocated key/value cache for batched left-padded generation (a pytree).
+
+  Slots `[0, index)` are written; all rows share the write index, rows differ by their masks and
+  positions. With `T = max_length`:
+
+  Attributes:
+    k: `[L, B, T, K, Dh]` keys after RoPE (and q/k norm).
+    v: `[L, B, T, K, Dh]` values.
+    mask: `[B, T]` bool, True on slots that hold a real (attendable) token.
+    slot_positions: `[B, T]` int32 position id of the token in each slot (sliding windows).
+    positions: `[B]` int32 position id the next valid token of each row gets (its number of
+      valid tokens so far).
+    index: `[]` int32 next slot to write (same for every row).
+  """
+
+  k: Array
+  v: Array
+  mask: Array
+  slot_positions: Array
+  positions: Array
+  index: Array
+
+  @property
+  def max_length(self) -> int:
+    return self.k.shape[2]
+
+
+def init_cache(
+    config: ModelConfig, *, batch_size: int, max_length: int, dtype=jnp.float32
+) -> KVCache:
+  """An empty `KVCache` for `batch_size` rows of at most `max_length` tokens (prompt + new)."""
+  if batch_size <= 0 or max_length <= 0:
+    raise ValueError(
+        f"batch_size and max_length must be positive, got {batch_size} and {max_length}."
+    )
+  shape = (config.num_layers, batch_size, max_length, config.num_kv_heads, config.head_dim)
+  return KVCache(
+      k=jnp.zeros(shape, dtype),
+      v=jnp.zeros(shape, dtype),
+      mask=jnp.zeros((batch_size, max_length), bool),
+      slot_positions=jnp.zeros((batch_size, max_length), jnp.int32),
+      positions=jnp.zeros((batch_size,), jnp.int32),
+      index=jnp.zeros((), jnp.int32),
+  )
+
+
+class Block(nnx.Module):
+  """One transformer block; created with `stack=(L,)` it holds the weights of all `L` layers."""
+
+  def __init__(
+      self,
+      config: ModelConfig,
+      *,
+      stack: tuple[int, ...] = (),
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      rngs: nnx.Rngs,
+  ):
+    c = config
+    d = c.hidden_size
+    norm = dict(kind=c.norm_type, eps=c.norm_eps, stack=stack, dtype=dtype,
+                param_dtype=param_dtype)
+    lin = dict(stack=stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.config = config
+    self.attn_norm = Norm(d, **norm)
+    self.q = Linear(d, c.q_size, use_bias=c.qkv_bias, **lin)
+    self.k = Linear(d, c.kv_size, use_bias=c.qkv_bias, **lin)
+    self.v = Linear(d, c.kv_size, use_bias=c.qkv_bias, **lin)
+    self.o = Linear(c.q_size, d, use_bias=c.out_bias, **lin)
+    if c.qk_norm:
+      head_norm = dict(norm, kind="rms")
+      self.q_norm = nnx.data(Norm(c.head_dim, **head_norm))
+      self.k_norm = nnx.data(Norm(c.head_dim, **head_norm))
+    else:
+      self.q_norm = nnx.data(None)
+      self.k_norm = nnx.data(None)
+    self.mlp_norm = Norm(d, **norm)
+    if c.gated_mlp:
+      self.gate = nnx.data(Linear(d, c.intermediate_size, use_bias=c.mlp_bias, **lin))
+    else:
+      self.gate = nnx.data(None)
+    self.up = Linear(d, c.intermediate_size, use_bias=c.mlp_bias, **lin)
+    self.down = Linear(c.intermediate_size, d, use_bias=c.mlp_bias, **lin)
+
+  def qkv(self, x: Array, cos: Array | None, sin: Array | None, *, use_lora: bool):
+    """Normed input `x` `[B, S, D]` -> `q` `[B, S, H, Dh]`, `k`, `v` `[B, S, K, Dh]`."""
+    c = self.config
+    b, s, _ = x.shape
+    q = self.q(x, use_lora=use_lora).reshape(b, s, c.num_heads, c.head_dim)
+    k = self.k(x, use_lora=use_lora).reshape(b, s, c.num_kv_heads, c.head_dim)
+    v = self.v(x, use_lora=use_lora).reshape(b, s, c.num_kv_heads, c.head_dim)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    if cos is not None:
+      q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return q, k, v
+
+  def mlp(self, x: Array, *, use_lora: bool) -> Array:
+    act = activation_fn(self.config.activation)
+    if self.gate is not None:
+      hidden = act(self.gate(x, use_lora=use_lora)) * self.up(x, use_lora=use_lora)
+    else:
+      hidden = act(self.up(x, use_lora=use_lora))
+    return self.down(hidden, use_lora=use_lora)
+
+  def finish(self, h: Array, attn_out: Array, *, use_lora: bool) -> Array:
+    """Residual adds of the attention output `[B, S, H, Dh]` and of the MLP; returns new `h`."""
+    b, s = attn_out.shape[:2]
+    h = h + self.o(attn_out.reshape(b, s, -1), use_lora=use_lora).astype(h.dtype)
+    return h + self.mlp(self.mlp_norm(h), use_lora=use_lora).astype(h.dtype)
+
+
+class Decoder(nnx.Module):
+  """Embeddings, the stacked blocks and the final norm: the trunk shared by every head.
+
+  Args:
+    config: architecture.
+    dtype: compute dtype of activations and matmuls (norms and softmax stay float32).
+    param_dtype: storage dtype of the parameters.
+    remat: rematerialisation of each block in the backward pass: `"none"`, `"layer"` (recompute
+      the whole block), `"dots"` (keep the weight matmuls' outputs, recompute the rest),
+      `"dots_all"` (keep every matmul output, attention scores included).
+    scan_layers: run the blocks with `jax.lax.scan` (compile time independent of depth); False
+      unrolls them.
+  """
+
+  def __init__(
+      self,
+      config: ModelConfig,
+      *,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      remat: str = "none",
+      scan_layers: bool = True,
+      rngs: nnx.Rngs,
+  ):
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}.")
+    self.config = config
+    self.dtype = dtype
+    self.remat = remat
+    self.scan_layers = scan_layers
+    emb = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.embed = Embed(config.vocab_size, config.hidden_size, **emb)
+    if config.position_embedding == "learned":
+      self.pos_embed = nnx.data(Embed(config.max_position_embeddings, config.hidden_size, **emb))
+    else:
+      self.pos_embed = nnx.data(None)
+    self.layers = Block(
+        config, stack=(config.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs
+    )
+    self.final_norm = Norm(
+        config.hidden_size, kind=config.norm_type, eps=config.norm_eps, dtype=dtype,
+        param_dtype=param_dtype,
+    )
+
+  # -- shared pieces ------------------------------------------------------------------------------
+
+  def _embed(self, input_ids: Array, positions: Array) -> Array:
+    h = self.embed(input_ids)
+    if self.pos_embed is not None:
+      h = h + self.pos_embed(positions)
+    return h
+
+  def _rope(self, positions: Array):
+    if self.config.position_embedding != "rope":
+      return None, None
+    return rope_cos_sin(positions, jnp.asarray(self.config.inv_frequencies()))
+
+  def _windows(self) -> Array | None:
+    windows = self.config.window_per_layer
+    return None if windows is None else jnp.asarray(np.asarray(windows, np.int32))
+
+  def _run_layers(self, body, carry):
+    """Applies `body(carry, layer, layer_index, window) -> (carry, y)` over the L layers.
+
+    `layer` is a `Block` holding one layer's weights; `window` is that layer's sliding window
+    (int32 scalar) or None. Returns the final carry and the `ys` stacked over layers.
+    """
+    graphdef, state = nnx.split(self.layers)
+    n = self.config.num_layers
+
+    def step(carry, x):
+      layer_state, i, window = x
+      return body(carry, nnx.merge(graphdef, layer_state), i, window)
+
+    if self.remat != "none":
+      step = jax.checkpoint(
+          step, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers
+      )
+    xs = (state, jnp.arange(n, dtype=jnp.int32), self._windows())
+    if self.scan_layers:
+      return jax.lax.scan(step, carry, xs)
+    ys = []
+    for i in range(n):
+      carry, y = step(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+      ys.append(y)
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+
+  # -- full forward -------------------------------------------------------------------------------
+
+  def __call__(
+      self,
+      input_ids: Array,
+      attention_mask: Array | None = None,
+      *,
+      positions: Array | None = None,
+      use_lora: bool = True,
+      return_kv: bool = False,
+  ):
+    """Final hidden states `[B, S, D]` (after the final norm) of a padded batch.
+
+    Args:
+      input_ids: `[B, S]` int token ids.
+      attention_mask: `[B, S]` bool/int, 1 on real tokens (left or right padding); None means
+        all ones. Query `s` attends to key `t` iff `t <= s` and `attention_mask[b, t]` (and, with a
+        sliding window, `pos_s - pos_t < window`).
+      positions: `[B, S]` int position ids; default `position_ids_from_mask(attention_mask)`
+        (`cumsum(mask) - 1`, RLHF_DETAILS.md item 2).
+      use_lora: apply the LoRA adapters (False gives the frozen base / reference model).
+      return_kv: also return the per-layer keys and values `[L, B, S, K, Dh]` (for `prefill`).
+
+    Returns:
+      `h` `[B, S, D]` in the compute dtype, or `(h, (k, v))` with `return_kv`.
+    """
+    if input_ids.ndim != 2:
+      raise ValueError(f"`input_ids` must be [B, S], got shape {input_ids.shape}.")
+    b, s = input_ids.shape
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, s), bool)
+    if attention_mask.shape != (b, s):
+      raise ValueError(
+          f"`attention_mask` must match `input_ids` [B, S] = {(b, s)}, got {attention_mask.shape}."
+      )
+    valid = attention_mask != 0
+    if positions is None:
+      positions = position_ids_from_mask(valid)
+    h = self._embed(input_ids, positions)
+    cos, sin = self._rope(positions)
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    base_mask = causal[None] & valid[:, None, :]
+    distance = positions[:, :, None] - positions[:, None, :]
+
+    def body(h, layer: Block, i, window):
+      del i
+      q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
+      mask = base_mask if window is None else base_mask & (distance < window)
+      out = attention(q, k, v, mask, scale=self.config.query_scale)
+      h = layer.finish(h, out, use_lora=use_lora)
+      return h, ((k, v) if return_kv else None)
+
+    h, kv = self._run_layers(body, h)
+    h = self.final_norm(h)
+    return (h, kv) if return_kv else h
+
+  # -- generation ---------------------------------------------------------------------------------
+
+  def prefill(
+      self, input_ids: Array, attention_mask: Array, cache: KVCache, *, use_lora: bool = True
+  ) -> tuple[Array, KVCache]:
+    """Runs a left-padded prompt and writes its keys/values to slots `[0, S)` of a fresh cache.
+
+    Returns the hidden states `[B, S, D]` and the cache with `index = S`,
+    `positions = attention_mask.sum(1)`.
+    """
+    b, s = input_ids.shape
+    if cache.k.shape[1] != b or cache.max_length < s:
+      raise ValueError(
+          f"Cache [L, B, T, K, Dh] = {cache.k.shape} cannot hold a prompt of shape {(b, s)}."
+      )
+    valid = attention_mask != 0
+    positions = position_ids_from_mask(valid)
+    h, (k, v) = self(input_ids, valid, positions=positions, use_lora=use_lora, return_kv=True)
+    zero = jnp.zeros((), jnp.int32)
+    t = cache.max_length
+    cache = KVCache(
+        k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero,) * 5),
+        v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero,) * 5),
+        mask=jnp.zeros((b, t), bool).at[:, :s].set(valid),
+        slot_positions=jnp.zeros((b, t), jnp.int32).at[:, :s].set(positions),
+        positions=jnp.sum(valid, axis=1).astype(jnp.int32),
+        index=jnp.asarray(s, jnp.int32),
+    )
+    return h, cache
+
+  def decode_step(
+      self,
+      token_ids: Array,
+      cache: KVCache,
+      *,
+      valid: Array | None = None,
+      use_lora: bool = True,
+  ) -> tuple[Array, KVCache]:
+    """Appends one token per row at slot `cache.index`; returns hidden `[B, D]` and the cache.
+
+    Args:
+      token_ids: `[B]` int ids of the tokens to append.
+      cache: the cache after `prefill` (and earlier steps); must satisfy `index < max_length`
+        (not checked inside jit: a full cache overwrites its last slot).
+      valid: `[B]` bool, False for rows whose token is padding (a finished sequence): the slot is
+        then masked for later steps and the row's position does not advance. Default all True.
+      use_lora: apply the LoRA adapters.
+    """
+    if token_ids.ndim != 1:
+      raise ValueError(f"`token_ids` must be [B], got shape {token_ids.shape}.")
+    b = token_ids.shape[0]
+    if valid is None:
+      valid = jnp.ones((b,), bool)
+    valid = valid.astype(bool)
+    pos = cache.positions
+    index = cache.index
+    zero = jnp.zeros((), jnp.int32)
+    mask = jax.lax.dynamic_update_slice(cache.mask, valid[:, None], (zero, index))
+    slot_pos = jax.lax.dynamic_update_slice(cache.slot_positions, pos[:, None], (zero, index))
+    h = self._embed(token_ids[:, None], pos[:, None])
+    cos, sin = self._rope(pos[:, None])
+    distance = pos[:, None, None] - slot_pos[:, None, :]
+    base_mask = mask[:, None, :]
+
+    def body(carry, layer: Block, i, window):
+      h, k_all, v_all = carry
+      q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
+      at = (i, zero, index, zero, zero)
+      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
+      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+      k_l = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(q.dtype)
+      v_l = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(q.dtype)
+      att_mask = base_mask if window is None else base_mask & (distance < window)
+      out = attention(q, k_l, v_l, att_mask, scale=self.config.query_scale)
+      return (layer.finish(h, out, use_lora=use_lora), k_all, v_all), None
+
+    (h, k_all, v_all), _ = self._run_layers(body, (h, cache.k, cache.v))
+    h = self.final_norm(h)[:, 0]
+    cache = KVCache(
+        k=k_all,
+        v=v_all,
+        mask=mask,
+        slot_positions=slot_pos,
+        positions=pos + valid.astype(jnp.int32),
+        index=index + 1,
+    )
+    return h, cache
+
+
+class CausalLM(nnx.Module):
+  """A decoder with a language-modelling head: `model(ids, attention_mask=m)` -> logits.
+
+  Args:
+    config: architecture (`ModelConfig`).
+    dtype: compute dtype (activations, matmuls, logits).
+    param_dtype: storage dtype of the parameters.
+    remat: see `Decoder`.
+    scan_layers: see `Decoder`.
+    rngs: random initialisation (normal, std 0.02; norms at 1, biases at 0).
+  """
+
+  def __init__(
+      self,
+      config: ModelConfig,
+      *,
+      dtype=jnp.float32,
+      param_dtype=jnp.float32,
+      remat: str = "none",
+      scan_layers: bool = True,
+      rngs: nnx.Rngs,
+  ):
+    self.config = config
+    self.dtype = dtype
+    self.decoder = Decoder(
+        config, dtype=dtype, param_dtype=param_dtype, remat=remat, scan_layers=scan_layers,
+        rngs=rngs,
+    )
+    if config.tie_word_embeddings:
+      self.lm_head = nnx.data(None)
+    else:
+      self.lm_head = nnx.data(
+          Linear(config.hidden_size, config.vocab_size, use_bias=False, dtype=dtype,
+                 param_dtype=param_dtype, rngs=rngs)
+      )
+    self.value_head = nnx.data(None)
+
+  def logits_from_hidden(self, h: Array) -> Array:
+    """`h` `[..., D]` final hidden states -> logits `[..., V]` in the compute dtype."""
+    if self.lm_head is None:
+      return self.decoder.embed.attend(h)
+    return self.lm_head(h, use_lora=False)
+
+  def hidden_states(
+      self,
+      input_ids: Array,
+      attention_mask: Array | None = None,
+      *,
+      positions: Array | None = None,
+      use_lora: bool = True,
+  ) -> Array:
+    """Final hidden states `[B, S, D]` of the trunk (after the final norm), for heads."""
+    return self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+
+  def __call__(
+      self,
+      input_ids: Array,
+      attention_mask: Array | None = None,
+      *,
+      positions: Array | None = None,
+      use_lora: bool = True,
+      return_hidden: bool = False,
+  ):
+    """Logits `[B, S, V]` of a (left-)padded batch; see `Decoder.__call__` for the arguments.
+
+    With `return_hidden=True` returns `(logits, hidden)`, hidden `[B, S, D]`; a value head on
+    the same trunk reads `hidden` (`values_from_hidden`) without a second forward pass.
+    """
+    h = self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+    logits = self.logits_from_hidden(h)
+    return (logits, h) if return_hidden else logits
+
+  # -- value head on the policy trunk -------------------------------------------------------------
+
+  def add_value_head(self) -> None:
+    """Adds a zero-initialised scalar value head on this trunk (RLHF_DETAILS.md item 15)."""
+    from jax_ppo.models.heads import ScalarHead
+
+    self.value_head = ScalarHead(
+        self.config.hidden_size, init="zeros", param_dtype=self.decoder.embed.embedding.dtype,
+        rngs=nnx.Rngs(0),
+    )
+
+  def values_from_hidden(self, h: Array) -> Array:
+    """Per-token values `[B, S]` float32 from hidden states `[B, S, D]` (needs a value head)."""
+    if self.value_head is None:
+      raise ValueError("This model has no value head; call `add_value_head()` first.")
+    return self.value_head(h)
+
+  # -- generation ---------------------------------------------------------------------------------
+
+  def init_cache(self, *, batch_size: int, max_length: int, dtype=None) -> KVCache:
+    """An empty `KVCache` in the compute dtype (or `dtype`)."""
+    return init_cache(
+        self.config, batch_size=batch_size, max_length=max_length, dtype=dtype or self.dtype
+    )
+
+  def prefill(
+      self,
+      input_ids: Array,
+      attention_mask: Array,
+      cache: KVCache,
+      *,
+      all_logits: bool = False,
+      return_hidden: bool = False,
+      use_lora: bool = True,
+  ):
+    """Processes a left-padded prompt batch into a fresh cache.
+
+    Args:
+      input_ids: `[B, S]` prompt ids, left-padded (all rows end at slot `S - 1`).
+      attention_mask: `[B, S]`, 1 on prompt tokens.
+      cache: a cache from `init_cache` with `max_length >= S` (its contents are overwritten).
+      all_logits: return logits for every prompt slot `[B, S, V]` instead of the last `[B, V]`.
+      return_hidden: also return the final hidden states `[B, S, D]`.
+      use_lora: apply the LoRA adapters.
+
+    Returns:
+      `(logits, cache)` or `(logits, hidden, cache)`; `logits` `[B, V]` (the next-token
+      distribution after the prompt) or `[B, S, V]`.
+    """
+    h, cache = self.decoder.prefill(input_ids, attention_mask, cache, use_lora=use_lora)
+    logits = self.logits_from_hidden(h if all_logits else h[:, -1])
+    return (logits, h, cache) if return_hidden else (logits, cache)
+
+  def decode_step(
+      self,
+      token_ids: Array,
+      cache: KVCache,
+      *,
+      valid: Array | None = None,
+      use_lora: bool = True,
+  ) -> tuple[Array, KVCache]:
+    """Appends `token_ids` `[B]` to the cache; returns next-token logits `[B, V]` and the cache.
+
+    See `Decoder.decode_step` for `valid` (False on rows that have finished).
+    """
+    h, cache = self.decoder.decode_step(token_ids, cache, valid=valid, use_lora=use_lora)
+    return self.logits_from_hidden(h), cache
+
+
+def prefill(model: CausalLM, input_ids: Array, attention_mask: Array, cache: KVCache, **kwargs):
+  """Function form of `CausalLM.prefill`."""
+  return model.prefill(input_ids, attention_mask, cache, **kwargs)
+
+
+def decode_step(model: CausalLM, token_ids: Array, cache: KVCache, **kwargs):
+  """Function form of `CausalLM.decode_step`."""
+  return model.decode_step(token_ids, cache, **kwargs)

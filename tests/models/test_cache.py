@@ -1,0 +1,127 @@
+"""Prefill + cached single-step decoding reproduces the full forward pass."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_ppo import models
+from tests.models.conftest import left_padded_batch
+
+pytest.importorskip("torch", reason="the tiny checkpoints are built with transformers' PyTorch")
+
+FAMILIES = ["gpt2", "llama3_gqa_tied", "mistral_window", "qwen2_window_untied", "qwen3"]
+
+
+def _continuations(batch, steps, seed=1):
+  return np.random.default_rng(seed).integers(3, 100, size=(batch, steps))
+
+
+@pytest.mark.parametrize(
+    ("name", "scan_layers"), [(n, True) for n in FAMILIES] + [("qwen3", False)]
+)
+def test_cached_decode_equals_full_forward(name, scan_layers, hf_checkpoint):
+  _, path = hf_checkpoint(name)
+  model = models.from_pretrained(path, scan_layers=scan_layers)
+  prompt, prompt_mask = left_padded_batch(seq=6, pads=(0, 2, 4))
+  steps = 5
+  new = _continuations(3, steps)
+  # Row 2 finishes after its second new token: later tokens are padding (valid=False).
+  new_valid = np.ones((3, steps), bool)
+  new_valid[2, 2:] = False
+
+  full_ids = np.concatenate([prompt, new], axis=1)
+  full_mask = np.concatenate([prompt_mask, new_valid.astype(np.int32)], axis=1)
+  full = np.asarray(model(full_ids, attention_mask=full_mask))
+
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def run_prefill(state, ids, mask):
+    m = nnx.merge(graphdef, state)
+    cache = m.init_cache(batch_size=3, max_length=16)
+    return m.prefill(ids, mask, cache, all_logits=True)
+
+  @functools.partial(jax.jit, donate_argnums=(2,))
+  def run_step(state, tok, cache, valid):
+    return nnx.merge(graphdef, state).decode_step(tok, cache, valid=valid)
+
+  logits, cache = run_prefill(state, prompt, prompt_mask)
+  np.testing.assert_allclose(
+      np.asarray(logits)[prompt_mask.astype(bool)], full[:, :6][prompt_mask.astype(bool)],
+      atol=1e-5,
+  )
+  assert int(cache.index) == 6
+  np.testing.assert_array_equal(np.asarray(cache.positions), prompt_mask.sum(1))
+  for t in range(steps):
+    step_logits, cache = run_step(state, new[:, t], cache, new_valid[:, t])
+    rows = new_valid[:, t]
+    np.testing.assert_allclose(
+        np.asarray(step_logits)[rows], full[:, 6 + t][rows], atol=1e-5,
+        err_msg=f"decode step {t}",
+    )
+  assert int(cache.index) == 6 + steps
+  np.testing.assert_array_equal(np.asarray(cache.positions), full_mask.sum(1))
+
+
+def test_last_token_prefill_logits(hf_checkpoint):
+  _, path = hf_checkpoint("qwen2")
+  model = models.from_pretrained(path)
+  ids, mask = left_padded_batch()
+  full = np.asarray(model(ids, attention_mask=mask))
+  logits, cache = model.prefill(ids, mask, model.init_cache(batch_size=3, max_length=12))
+  assert logits.shape == (3, models.load_config(path).vocab_size)
+  np.testing.assert_allclose(np.asarray(logits), full[:, -1], atol=1e-5)
+  assert cache.k.shape == (2, 3, 12, 2, 8)
+
+
+def test_greedy_generation_in_one_jitted_while_loop(hf_checkpoint):
+  """The sampler's pattern: prefill + lax.while_loop over decode steps, cache donated."""
+  _, path = hf_checkpoint("llama3_gqa_tied")
+  model = models.from_pretrained(path)
+  graphdef, state = nnx.split(model)
+  prompt, mask = left_padded_batch(seq=6, pads=(0, 2, 4))
+  steps = 6
+
+  @functools.partial(jax.jit, donate_argnums=(1,))
+  def generate(state, cache, prompt, mask):
+    m = nnx.merge(graphdef, state)
+    logits, cache = m.prefill(prompt, mask, cache)
+    out = jnp.zeros((prompt.shape[0], steps), jnp.int32)
+
+    def body(carry):
+      i, logits, cache, out = carry
+      tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      out = out.at[:, i].set(tok)
+      logits, cache = m.decode_step(tok, cache)
+      return i + 1, logits, cache, out
+
+    _, _, cache, out = jax.lax.while_loop(
+        lambda c: c[0] < steps, body, (jnp.int32(0), logits, cache, out)
+    )
+    return out, cache
+
+  cache = models.init_cache(model.config, batch_size=3, max_length=6 + steps)
+  out, cache = generate(state, cache, prompt, mask)
+  out = np.asarray(out)
+  # Reference: greedy decoding with the full forward pass re-run on the growing sequence.
+  ids, m = prompt, mask
+  for t in range(steps):
+    logits = np.asarray(model(ids, attention_mask=m))[:, -1]
+    tok = logits.argmax(-1)
+    np.testing.assert_array_equal(out[:, t], tok)
+    ids = np.concatenate([ids, tok[:, None]], axis=1)
+    m = np.concatenate([m, np.ones((3, 1), m.dtype)], axis=1)
+
+
+def test_cache_rejects_a_prompt_longer_than_itself(hf_checkpoint):
+  _, path = hf_checkpoint("qwen2")
+  model = models.from_pretrained(path)
+  ids, mask = left_padded_batch()
+  with pytest.raises(ValueError, match="cannot hold"):
+    model.prefill(ids, mask, model.init_cache(batch_size=3, max_length=4))
