@@ -1,0 +1,153 @@
+"""Rollout benchmark: jax_ppo's compiled sampler against Hugging Face `generate`, side by side.
+
+Both run the same random GPT-2 weights (built with transformers, handed to jax_ppo through
+`save_pretrained` / `from_pretrained`) in one process, on the same prompts, with the sampling
+settings of TRL's PPO rollout (temperature 0.7, top_k 0, top_p 1.0) and no stop token, so every
+call produces exactly `--new-tokens` tokens per row. The default shape is the TRL reference
+workload of `shared/peers/trl_cpu` (4 layers, 4 heads, width 256, 256 positions, vocab 2048;
+batch 8; 32-token prompts; 48 new tokens). `--shape gpt2-small --batch 64` is the larger one.
+
+Reports, per implementation, the median wall time of one generate call after warm-up, the
+milliseconds per decode step (time / new tokens) and generated tokens per second, and the ratio.
+
+    python experiments/benchmarks/rollout.py [--shape tiny|gpt2-small] [--batch 8] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SHAPES = {
+    "tiny": dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048),
+    "gpt2-small": dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257),
+}
+
+
+def _time(fn, warmup: int, reps: int) -> list[float]:
+  for _ in range(warmup):
+    fn()
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def _summary(times: list[float], batch: int, new_tokens: int) -> dict:
+  med = statistics.median(times)
+  return {
+      "median_s_per_generate": med,
+      "min_s_per_generate": min(times),
+      "ms_per_step": 1000 * med / new_tokens,
+      "tokens_per_s": batch * new_tokens / med,
+      "reps": len(times),
+  }
+
+
+def main(argv=None) -> dict:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--prompt-len", type=int, default=32)
+  ap.add_argument("--new-tokens", type=int, default=48)
+  ap.add_argument("--warmup", type=int, default=2)
+  ap.add_argument("--reps", type=int, default=10)
+  ap.add_argument("--json", default=None, help="write the results here")
+  args = ap.parse_args(argv)
+
+  import jax
+  import numpy as np
+  import torch
+  import transformers
+
+  import jax_ppo.models as models
+  from jax_ppo.rollout.config import SamplingConfig
+  from jax_ppo.rollout.sampler import Sampler
+
+  shape = SHAPES[args.shape]
+  rng = np.random.default_rng(1)
+  prompts = rng.integers(0, shape["vocab_size"], size=(args.batch, args.prompt_len))
+
+  with tempfile.TemporaryDirectory() as tmp:
+    torch.manual_seed(0)
+    hf_config = transformers.GPT2Config(**shape, pad_token_id=shape["vocab_size"] - 1)
+    hf = transformers.GPT2LMHeadModel(hf_config).eval()
+    hf.save_pretrained(tmp)
+    model = models.from_pretrained(tmp)
+
+    sampling = SamplingConfig(
+        max_new_tokens=args.new_tokens, temperature=0.7, top_k=0, top_p=1.0,
+        stop_token_ids=(), pad_token_id=shape["vocab_size"] - 1,
+        prompt_buckets=(args.prompt_len,), batch_buckets=(args.batch,),
+    )
+    sampler = Sampler(model, sampling)
+    key = jax.random.PRNGKey(0)
+    prompt_list = prompts.tolist()
+
+    def run_jax():
+      out = sampler(prompt_list, key)
+      jax.block_until_ready(out)
+      assert out.response_ids.shape == (args.batch, args.new_tokens)
+
+    t0 = time.perf_counter()
+    run_jax()
+    compile_s = time.perf_counter() - t0
+    results = {"jax_ppo": _summary(_time(run_jax, args.warmup, args.reps), args.batch,
+                                   args.new_tokens)}
+    results["jax_ppo"]["first_call_s"] = compile_s
+
+    input_ids = torch.tensor(prompts, dtype=torch.long)
+    mask = torch.ones_like(input_ids)
+    gen = transformers.GenerationConfig(
+        max_new_tokens=args.new_tokens, do_sample=True, temperature=0.7, top_k=0, top_p=1.0,
+        pad_token_id=hf_config.pad_token_id, eos_token_id=None,
+    )
+
+    def run_hf():
+      with torch.no_grad():
+        out = hf.generate(input_ids=input_ids, attention_mask=mask, generation_config=gen)
+      assert out.shape[1] - args.prompt_len == args.new_tokens
+
+    results["hf"] = _summary(_time(run_hf, args.warmup, args.reps), args.batch, args.new_tokens)
+    results["speedup_tokens_per_s"] = (
+        results["jax_ppo"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
+    )
+
+  summary = {
+      **results,
+      "config": dict(
+          shape=args.shape, **shape, batch=args.batch, prompt_len=args.prompt_len,
+          new_tokens=args.new_tokens, warmup=args.warmup, reps=args.reps,
+          sampling="temperature=0.7, top_k=0, top_p=1.0, no stop token",
+          backend=jax.default_backend(), jax=jax.__version__,
+      ),
+  }
+  print(f"\nRollout benchmark ({args.shape}, batch {args.batch}, prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens, {jax.default_backend()})")
+  print(f"{'impl':<10} {'ms/step':>10} {'tokens/s':>12} {'s/generate':>12}")
+  for name in ("jax_ppo", "hf"):
+    if name in results:
+      r = results[name]
+      print(f"{name:<10} {r['ms_per_step']:>10.3f} {r['tokens_per_s']:>12.1f} "
+            f"{r['median_s_per_generate']:>12.4f}")
+  if "speedup_tokens_per_s" in results:
+    print(f"jax_ppo / hf tokens/s: {results['speedup_tokens_per_s']:.2f}x")
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump(summary, f, indent=2)
+  return summary
+
+
+if __name__ == "__main__":
+  sys.exit(0 if main() else 1)
