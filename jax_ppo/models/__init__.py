@@ -86,7 +86,8 @@ Tokenizers
 ----------
 `load_tokenizer(path)`: the folder's `AutoTokenizer` (local only), left padding, and a pad token
 distinct from EOS (an existing unused special token when there is one, else a new one; see its
-docstring for the embedding-size caveat).
+docstring for the embedding-size caveat); `encode_chat(tokenizer, conversations)` applies the chat
+template; `pad_batch(seqs, pad_token_id=..., length=...)` left-pads id lists into `(ids, mask)`.
 """
 
 from jax_ppo.models.checkpoint import (
@@ -103,6 +104,13 @@ from jax_ppo.models.heads import (
     value_model_from_reward_model,
 )
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
+from jax_ppo.models.tokenizer import (
+    check_vocab_covers,
+    encode_chat,
+    ensure_pad_token,
+    load_tokenizer,
+    pad_batch,
+)
 from jax_ppo.models.transformer import (
     REMAT_POLICIES,
     CausalLM,
@@ -125,13 +133,18 @@ __all__ = [
     "ScalarHead",
     "ScalarModel",
     "add_lora",
+    "check_vocab_covers",
     "decode_step",
+    "encode_chat",
+    "ensure_pad_token",
     "from_pretrained",
     "has_lora",
     "init_cache",
     "load_config",
     "load_scalar_model",
+    "load_tokenizer",
     "merge_lora",
+    "pad_batch",
     "prefill",
     "read_last_valid",
     "save_pretrained",
