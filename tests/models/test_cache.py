@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jax_ppo import models
-from tests.models.conftest import left_padded_batch
+from tests.models.conftest import jit_logits, left_padded_batch
 
 pytest.importorskip("torch", reason="the tiny checkpoints are built with transformers' PyTorch")
 
@@ -37,7 +37,7 @@ def test_cached_decode_equals_full_forward(name, scan_layers, hf_checkpoint):
 
   full_ids = np.concatenate([prompt, new], axis=1)
   full_mask = np.concatenate([prompt_mask, new_valid.astype(np.int32)], axis=1)
-  full = np.asarray(model(full_ids, attention_mask=full_mask))
+  full = jit_logits(model)(full_ids, full_mask)
 
   graphdef, state = nnx.split(model)
 
@@ -73,7 +73,7 @@ def test_last_token_prefill_logits(hf_checkpoint):
   _, path = hf_checkpoint("qwen2")
   model = models.from_pretrained(path)
   ids, mask = left_padded_batch()
-  full = np.asarray(model(ids, attention_mask=mask))
+  full = jit_logits(model)(ids, mask)
   logits, cache = model.prefill(ids, mask, model.init_cache(batch_size=3, max_length=12))
   assert logits.shape == (3, models.load_config(path).vocab_size)
   np.testing.assert_allclose(np.asarray(logits), full[:, -1], atol=1e-5)
@@ -109,14 +109,12 @@ def test_greedy_generation_in_one_jitted_while_loop(hf_checkpoint):
   cache = models.init_cache(model.config, batch_size=3, max_length=6 + steps)
   out, cache = generate(state, cache, prompt, mask)
   out = np.asarray(out)
-  # Reference: greedy decoding with the full forward pass re-run on the growing sequence.
-  ids, m = prompt, mask
-  for t in range(steps):
-    logits = np.asarray(model(ids, attention_mask=m))[:, -1]
-    tok = logits.argmax(-1)
-    np.testing.assert_array_equal(out[:, t], tok)
-    ids = np.concatenate([ids, tok[:, None]], axis=1)
-    m = np.concatenate([m, np.ones((3, 1), m.dtype)], axis=1)
+  # Reference: one teacher-forced full forward over prompt + generated tokens; greedy decoding
+  # means each generated token is the argmax of the full-forward logits one slot earlier.
+  ids = np.concatenate([prompt, out], axis=1)
+  m = np.concatenate([mask, np.ones_like(out)], axis=1)
+  logits = jit_logits(model)(ids, m)
+  np.testing.assert_array_equal(logits[:, 5:-1].argmax(-1), out)
 
 
 def test_cache_rejects_a_prompt_longer_than_itself(hf_checkpoint):

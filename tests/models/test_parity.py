@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_ppo import models
-from tests.models.conftest import FAMILIES, hf_logits, left_padded_batch
+from tests.models.conftest import FAMILIES, hf_logits, jit_logits, left_padded_batch
 
 pytest.importorskip("torch", reason="parity tests compare against transformers' PyTorch models")
 
@@ -55,17 +55,17 @@ def test_sharded_checkpoint_loads(hf_checkpoint):
   model = models.from_pretrained(path)
   ids, mask = left_padded_batch()
   ref = hf_logits(hf, ids, mask)
-  out = np.asarray(model(ids, attention_mask=mask))
+  out = jit_logits(model)(ids, mask)
   assert np.abs(out - ref)[mask.astype(bool)].max() < ATOL
 
 
 def test_unrolled_layers_and_remat_match_scan(hf_checkpoint):
   _, path = hf_checkpoint("llama2")
   ids, mask = left_padded_batch()
-  base = np.asarray(models.from_pretrained(path)(ids, attention_mask=mask))
+  base = jit_logits(models.from_pretrained(path))(ids, mask)
   variants = (dict(scan_layers=False), dict(remat="layer"), dict(remat="dots", scan_layers=False))
   for kwargs in variants:
-    out = np.asarray(models.from_pretrained(path, **kwargs)(ids, attention_mask=mask))
+    out = jit_logits(models.from_pretrained(path, **kwargs))(ids, mask)
     np.testing.assert_allclose(out, base, atol=1e-5)
 
 
@@ -78,7 +78,7 @@ def test_bfloat16_load_is_close_and_typed(hf_checkpoint):
   ids, mask = left_padded_batch()
   ref = hf_logits(hf, ids, mask)
   for m in (model, mixed):
-    out = m(ids, attention_mask=mask)
+    out = jax.jit(lambda i, k, m=m: m(i, attention_mask=k))(ids, mask)
     assert out.dtype == jnp.bfloat16
     err = np.abs(np.asarray(out, np.float32) - ref)[mask.astype(bool)].max()
     assert err < 0.1 * np.abs(ref).max()
@@ -91,6 +91,7 @@ def test_padding_does_not_change_valid_logits(hf_checkpoint):
   ids, mask = left_padded_batch(batch=1, pads=(0,))
   padded = np.concatenate([np.zeros((1, 4), ids.dtype), ids], axis=1)
   padded_mask = np.concatenate([np.zeros((1, 4), mask.dtype), mask], axis=1)
-  a = np.asarray(model(ids, attention_mask=mask))
-  b = np.asarray(model(padded, attention_mask=padded_mask))[:, 4:]
+  fwd = jit_logits(model)
+  a = fwd(ids, mask)
+  b = fwd(padded, padded_mask)[:, 4:]
   np.testing.assert_allclose(a, b, atol=1e-5)
