@@ -104,7 +104,7 @@ def teacher_forced_logprobs(
 
 def generate(
     graphdef: nnx.GraphDef,
-    state: nnx.State,
+    state: nnx.State | tuple[nnx.State, ...],
     input_ids: Array,
     attention_mask: Array,
     rng: Array,
@@ -116,7 +116,8 @@ def generate(
 
   Args:
     graphdef: the causal LM's graph definition (`nnx.split(model)`).
-    state: the model's state (parameters).
+    state: the model's state (parameters), or a tuple of partial states that `nnx.merge`
+      combines (e.g. `(lora_state, base_state)` of a LoRA policy).
     input_ids: `[P, S]` left-padded prompt ids.
     attention_mask: `[P, S]`, 1 on prompt tokens; every row needs at least one.
     rng: PRNG key; step `t` samples with `fold_in(rng, t)`.
@@ -126,7 +127,7 @@ def generate(
   Returns:
     A `Rollout` of `P * n_samples` rows and `T = config.max_new_tokens` response steps.
   """
-  model = nnx.merge(graphdef, state)
+  model = nnx.merge(graphdef, *state) if isinstance(state, tuple) else nnx.merge(graphdef, state)
   n, t_max = config.n_samples, config.max_new_tokens
   p, s = input_ids.shape
   b = p * n

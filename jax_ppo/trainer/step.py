@@ -1,0 +1,464 @@
+"""The jitted pieces of one RLHF update: experience, then epochs x minibatches x microbatches.
+
+`PPOSteps` binds the static parts of a run (model graph definitions and the config) and exposes
+two compiled functions:
+
+- `experience(state, frozen, rollout, raw_scores) -> (batch, metrics)`: score post-processing
+  (normalisation, clipping, length and missing-EOS penalties), teacher-forced old log-probs,
+  reference log-probs, values, per-token KL, shaped rewards and advantages for the configured
+  mode ("gae", "grpo", "rloo", "reinforce++"), all in one program;
+- `update(state, frozen, batch) -> (state, metrics)`: `ppo_epochs` reshuffled passes, each a
+  `lax.scan` over minibatches, each an optimizer step on gradients accumulated over
+  microbatches (a `lax.scan`) and normalised by the minibatch's token count; epochs after the
+  approximate KL passed `target_kl` are skipped with `lax.cond`. Finally the KL controller is
+  updated. The state is donated.
+
+Every number that changes during training (the KL coefficient, the entropy coefficient, the
+learning-rate scale) is read from the state, so nothing recompiles between updates.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from jax_ppo import core
+from jax_ppo.rollout.sampler import Rollout
+from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.state import FrozenParams, TrainState
+
+Array = jax.Array
+
+
+class Batch(struct.PyTreeNode):
+  """One rollout batch ready for training (`B` rows, `S` prompt and `T` response slots).
+
+  Attributes:
+    input_ids: `[B, S + T]` prompt then response ids.
+    attention_mask: `[B, S + T]` int32.
+    positions: `[B, S + T]` int32 position ids.
+    response_ids: `[B, T]`.
+    response_mask: `[B, T]` bool.
+    old_logprobs: `[B, T]` behaviour log-probs (teacher-forced at rollout time).
+    ref_logprobs: `[B, T]` reference log-probs.
+    old_values: `[B, T]` critic values at rollout time (0 without a critic).
+    advantages: `[B, T]` (whitened where configured).
+    returns: `[B, T]` critic targets (0 without a critic).
+  """
+
+  input_ids: Array
+  attention_mask: Array
+  positions: Array
+  response_ids: Array
+  response_mask: Array
+  old_logprobs: Array
+  ref_logprobs: Array
+  old_values: Array
+  advantages: Array
+  returns: Array
+
+
+def make_optimizer(config: PPOConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW (PyTorch-style eps 1e-5) with global-norm clipping, warm-up and decay (item 17)."""
+  total = config.total_optimizer_steps
+  lr = config.learning_rate
+  decay_steps = max(total - config.warmup_steps, 1)
+  if config.lr_schedule == "constant":
+    decay = optax.constant_schedule(lr)
+  elif config.lr_schedule == "linear":
+    decay = optax.linear_schedule(lr, 0.0, decay_steps)
+  else:
+    decay = optax.cosine_decay_schedule(lr, decay_steps)
+  if config.warmup_steps:
+    warm = optax.linear_schedule(0.0, lr, config.warmup_steps)
+    schedule = optax.join_schedules([warm, decay], [config.warmup_steps])
+  else:
+    schedule = decay
+  parts = []
+  if config.max_grad_norm is not None:
+    parts.append(optax.clip_by_global_norm(config.max_grad_norm))
+  parts.append(
+      optax.adamw(
+          schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
+          weight_decay=config.weight_decay,
+      )
+  )
+  return optax.chain(*parts), schedule
+
+
+def kl_controller(config: PPOConfig) -> core.KLController:
+  if config.kl_controller == "fixed":
+    return core.fixed_kl_controller(config.kl_coef)
+  if config.kl_controller == "adaptive":
+    return core.adaptive_kl_controller(config.kl_coef, config.kl_target, config.kl_horizon)
+  return core.multiplicative_kl_controller(
+      min(max(config.kl_coef, 0.001), 1.0), config.kl_target
+  )
+
+
+def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
+  """Reward-model scores -> training scores `[B]` (items 7 and 16).
+
+  `clip((raw - shift) * scale, ±reward_clip) - length_penalty * length`, then the missing-EOS
+  penalty replaces the score of responses without a stop token.
+  """
+  s = (jnp.asarray(raw_scores, jnp.float32) - config.reward_shift) * config.reward_scale
+  if config.reward_clip is not None:
+    s = jnp.clip(s, -config.reward_clip, config.reward_clip)
+  s = s - config.length_penalty * rollout.response_lengths.astype(jnp.float32)
+  if config.missing_eos_penalty is not None and config.stop_token_ids:
+    s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
+  return s
+
+
+class PPOSteps:
+  """The compiled experience and update functions of one run.
+
+  Args:
+    config: the run's `PPOConfig`.
+    policy_graphdef: graph definition of the policy (`CausalLM`), from
+      `nnx.split(policy, trainable_filter, ...)`.
+    value_graphdef: graph definition of a separate critic (`ScalarModel`), or None.
+    shared_value_head: the critic is a value head on the policy trunk.
+    lora: the policy trains LoRA adapters; the reference is the base with adapters off.
+    schedule: the learning-rate schedule (for the `lr` metric).
+    optimizer: the optax transformation over `{"policy", "value"}`.
+  """
+
+  def __init__(
+      self,
+      config: PPOConfig,
+      *,
+      policy_graphdef: nnx.GraphDef,
+      value_graphdef: nnx.GraphDef | None,
+      shared_value_head: bool,
+      lora: bool,
+      optimizer: optax.GradientTransformation,
+      schedule: optax.Schedule,
+  ):
+    if config.uses_critic and value_graphdef is None and not shared_value_head:
+      raise ValueError(
+          "advantage_mode='gae' needs a critic: pass a value model or use a value head on the "
+          "policy trunk (or choose advantage_mode 'grpo', 'rloo' or 'reinforce++')."
+      )
+    self.config = config
+    self.policy_graphdef = policy_graphdef
+    self.value_graphdef = value_graphdef
+    self.shared_value_head = shared_value_head
+    self.lora = lora
+    self.optimizer = optimizer
+    self.schedule = schedule
+    self.kl_controller = kl_controller(config)
+    self.experience = jax.jit(self._experience)
+    self.update = jax.jit(functools.partial(self._update, fresh=True), donate_argnums=(0,))
+    self.replay_update = jax.jit(
+        functools.partial(self._update, fresh=False), donate_argnums=(0,)
+    )
+
+  # -- models -------------------------------------------------------------------------------
+
+  def _policy(self, trainable, frozen: FrozenParams):
+    return nnx.merge(self.policy_graphdef, trainable, frozen.policy_rest)
+
+  def _forward(self, model, batch, *, use_lora: bool = True, values: bool = False):
+    """Response-position logits `[B, T, V]` (and values `[B, T]` from a shared value head)."""
+    t = batch.response_ids.shape[1]
+    s = batch.input_ids.shape[1] - t
+    h = model.hidden_states(
+        batch.input_ids, batch.attention_mask, positions=batch.positions, use_lora=use_lora
+    )
+    h = h[:, s - 1 : s + t - 1]  # position s + i - 1 predicts response token i
+    logits = model.logits_from_hidden(h)
+    return logits, (model.values_from_hidden(h) if values else None)
+
+  def _critic_values(self, params, frozen: FrozenParams, batch, shared_values):
+    """Values `[B, T]` float32 of the critic at the positions that predict each token."""
+    if self.shared_value_head:
+      return shared_values
+    critic = nnx.merge(self.value_graphdef, params["value"], frozen.value_rest)
+    t = batch.response_ids.shape[1]
+    s = batch.input_ids.shape[1] - t
+    v = critic(batch.input_ids, batch.attention_mask, positions=batch.positions)
+    return v[:, s - 1 : s + t - 1]
+
+  # -- experience ---------------------------------------------------------------------------
+
+  def _experience(
+      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
+  ) -> tuple[Batch, dict[str, Array]]:
+    c = self.config
+    mask = rollout.response_mask
+    view = Batch(
+        input_ids=rollout.sequence_ids,
+        attention_mask=rollout.attention_mask,
+        positions=rollout.positions,
+        response_ids=rollout.response_ids,
+        response_mask=mask,
+        old_logprobs=rollout.logprobs,
+        ref_logprobs=rollout.logprobs,
+        old_values=jnp.zeros(mask.shape, jnp.float32),
+        advantages=jnp.zeros(mask.shape, jnp.float32),
+        returns=jnp.zeros(mask.shape, jnp.float32),
+    )
+    scores = process_scores(c, raw_scores, rollout)
+
+    # Old log-probs: a teacher-forced pass with the training numerics (item 4).
+    policy = self._policy(state.policy, frozen)
+    logits, shared_values = self._forward(policy, view, values=self.shared_value_head)
+    old_logprobs = core.gather_logprobs(logits, view.response_ids, c.temperature)
+    old_logprobs = jnp.where(mask, old_logprobs, 0.0)  # item 9: padding gives ratio 1, KL 0
+    if self.lora:
+      ref_logits, _ = self._forward(policy, view, use_lora=False)
+    else:
+      ref_logits, _ = self._forward(self._policy(frozen.ref, frozen), view)
+    ref_logprobs = jnp.where(
+        mask, core.gather_logprobs(ref_logits, view.response_ids, c.temperature), 0.0
+    )
+    del logits, ref_logits
+
+    kl = jnp.where(mask, core.kl_penalty(old_logprobs, ref_logprobs, estimator=c.kl_estimator), 0.0)
+    beta = state.kl.coef
+    beta_in_reward = beta if c.kl_enters_reward else jnp.zeros_like(beta)
+    rewards = core.shape_rewards(scores, kl, mask, kl_coef=beta_in_reward)
+    seq_kl = jnp.sum(kl, axis=1)
+
+    values = jnp.zeros(mask.shape, jnp.float32)
+    returns = jnp.zeros(mask.shape, jnp.float32)
+    if c.advantage_mode == "gae":
+      values = jnp.where(mask, self._critic_values(state.params, frozen, view, shared_values), 0.0)
+      gae_rewards = core.masked_whiten(rewards, mask, shift_mean=False) if c.whiten_rewards else (
+          rewards)
+      advantages, returns = core.gae(gae_rewards, values, mask, gamma=c.gamma, lam=c.lam)
+      if c.whiten_advantages:
+        advantages = core.masked_whiten(advantages, mask)
+    elif c.advantage_mode == "reinforce++":
+      advantages = core.reinforce_plus_plus_advantages(rewards, mask, gamma=c.gamma)
+    else:
+      seq_rewards = scores - beta_in_reward * seq_kl
+      if c.advantage_mode == "grpo":
+        seq_adv = core.grpo_advantages(seq_rewards, c.n_samples, scale=c.grpo_scale)
+      else:
+        seq_adv = core.rloo_advantages(seq_rewards, c.n_samples)
+      advantages = jnp.where(mask, seq_adv[:, None], 0.0)
+
+    batch = view.replace(
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        old_values=values,
+        advantages=advantages,
+        returns=returns,
+    )
+    non_score = jnp.sum(jnp.where(mask, -beta_in_reward * kl, 0.0), axis=1)
+    lengths = rollout.response_lengths.astype(jnp.float32)
+    metrics = {
+        "objective/kl": jnp.mean(seq_kl),
+        "objective/entropy": jnp.mean(jnp.sum(-old_logprobs, axis=1)),
+        "objective/non_score_reward": jnp.mean(non_score),
+        "objective/rlhf_reward": jnp.mean(scores + non_score),
+        "objective/scores": jnp.mean(scores),
+        "objective/scores_std": jnp.std(scores),
+        "objective/raw_scores": jnp.mean(jnp.asarray(raw_scores, jnp.float32)),
+        "val/num_eos_tokens": jnp.sum(rollout.has_stop).astype(jnp.float32),
+        "response_length/mean": jnp.mean(lengths),
+        "response_length/std": jnp.std(lengths),
+        "kl_coef": beta,
+        "advantages/mean": core.masked_mean(advantages, mask),
+        "advantages/std": jnp.sqrt(core.masked_var(advantages, mask)),
+        "rollout/logprob_mismatch": core.masked_mean(
+            jnp.abs(rollout.logprobs - old_logprobs), mask
+        ),
+    }
+    if c.uses_critic:
+      metrics["val/explained_variance"] = core.explained_variance(values, returns, mask)
+      metrics["val/mean"] = core.masked_mean(values, mask)
+    return batch, metrics
+
+  # -- update -------------------------------------------------------------------------------
+
+  def _coefficients(self, state: TrainState) -> dict[str, Array]:
+    c = self.config
+    progress = jnp.clip(state.step.astype(jnp.float32) / c.total_updates, 0.0, 1.0)
+    final = c.entropy_coef if c.entropy_coef_final is None else c.entropy_coef_final
+    return {
+        "entropy": c.entropy_coef + (final - c.entropy_coef) * progress,
+        "kl": state.kl.coef,
+    }
+
+  def _micro_loss(self, params, frozen, mb: Batch, weight, coefs):
+    """Loss of one microbatch, pre-scaled by its share `weight` of the minibatch."""
+    c = self.config
+    mask = mb.response_mask
+    policy = self._policy(params["policy"], frozen)
+    logits, shared_values = self._forward(policy, mb, values=self.shared_value_head)
+    logprobs = core.gather_logprobs(logits, mb.response_ids, c.temperature)
+    pg_loss, pg = core.ppo_policy_loss(
+        logprobs, mb.old_logprobs, mb.advantages, mask, clip_eps=c.clip_eps,
+        clip_eps_high=c.clip_eps_high, dual_clip=c.dual_clip, reduction=c.loss_reduction,
+    )
+    entropy, _ = core.entropy_bonus(
+        logits, mask, temperature=c.temperature, reduction=c.loss_reduction
+    )
+    loss = pg_loss - coefs["entropy"] * entropy
+    metrics = {
+        "policy/approxkl_avg": pg["approx_kl"],
+        "policy/clipfrac_avg": pg["clipfrac"],
+        "policy/dual_clipfrac_avg": pg["dual_clipfrac"],
+        "loss/policy_avg": pg_loss,
+        "policy/entropy_avg": entropy,
+        "val/ratio": pg["ratio_mean"],
+        "val/ratio_var": pg["ratio_var"],
+    }
+    if not c.kl_enters_reward:
+      kl = core.kl_penalty(logprobs, mb.ref_logprobs, estimator=c.kl_loss_estimator)
+      kl_loss = core.aggregate_loss(kl, mask, c.loss_reduction)
+      loss = loss + coefs["kl"] * kl_loss
+      metrics["loss/kl_avg"] = kl_loss
+    if c.uses_critic:
+      values = self._critic_values(params, frozen, mb, shared_values)
+      vf_loss, vf = core.ppo_value_loss(
+          values, mb.old_values, mb.returns, mask, clip_eps=c.value_clip_eps,
+          reduction=c.loss_reduction,
+      )
+      loss = loss + c.vf_coef * vf_loss
+      metrics["loss/value_avg"] = vf_loss
+      metrics["val/clipfrac_avg"] = vf["clipfrac"]
+    metrics["loss/total_avg"] = loss
+    return loss * weight, jax.tree.map(lambda m: m * weight, metrics)
+
+  def _share(self, mask_mb: Array) -> Array:
+    """`[A, M, T]` masks of A microbatches -> each microbatch's share of the minibatch loss.
+
+    Token-mean losses are normalised by the minibatch's token count (not per microbatch,
+    item 18); sequence-level reductions by its count of non-empty rows.
+    """
+    if self.config.loss_reduction == "token-mean":
+      per_micro = jnp.sum(mask_mb, axis=(1, 2)).astype(jnp.float32)
+    else:
+      per_micro = jnp.sum(jnp.any(mask_mb, axis=2), axis=1).astype(jnp.float32)
+    total = jnp.sum(per_micro)
+    return per_micro / jnp.where(total > 0, total, 1.0)
+
+  def _minibatch_step(self, state: TrainState, frozen, mb: Batch, coefs):
+    c = self.config
+    micro = jax.tree.map(
+        lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb
+    )
+    weights = self._share(micro.response_mask)
+    grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+
+    def accumulate(carry, xs):
+      grads, metrics = carry
+      micro_batch, weight = xs
+      (_, m), g = grad_fn(state.params, frozen, micro_batch, weight, coefs)
+      return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, metrics, m)), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+    zero_metrics = jax.eval_shape(
+        lambda: grad_fn(state.params, frozen, jax.tree.map(lambda x: x[0], micro), 1.0, coefs)
+    )[0][1]
+    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
+    (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), (micro, weights))
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+    params = optax.apply_updates(state.params, updates)
+    metrics["policy/grad_norm"] = optax.global_norm(grads)
+    new_state = state.replace(
+        policy=params["policy"], value=params["value"], opt_state=opt_state,
+        opt_steps=state.opt_steps + 1,
+    )
+    return new_state, metrics
+
+  def _update(
+      self,
+      state: TrainState,
+      frozen: FrozenParams,
+      batch: Batch,
+      seq_kl_mean: Array,
+      *,
+      fresh: bool,
+  ) -> tuple[TrainState, dict[str, Array]]:
+    """`ppo_epochs` passes over `batch`; for a fresh batch (not a replayed one) also the
+    KL-controller update with the batch's mean sequence KL and the step/episode counters."""
+    c = self.config
+    b = batch.response_ids.shape[0]
+    if b != c.batch_size:
+      raise ValueError(f"Batch has {b} rows but PPOConfig.batch_size is {c.batch_size}.")
+    coefs = self._coefficients(state)
+    rng, shuffle_rng = jax.random.split(state.rng)
+    state = state.replace(rng=rng)
+    first_mb = jax.tree.map(lambda x: x[: c.minibatch_size], batch)
+    metric_shapes = jax.eval_shape(self._minibatch_step, state, frozen, first_mb, coefs)[1]
+
+    def run_minibatch(carry, idx):
+      state, stopped = carry
+      mb = jax.tree.map(lambda x: x[idx], batch)
+
+      def skip(state):
+        return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+
+      state, metrics = jax.lax.cond(
+          stopped, skip, lambda s: self._minibatch_step(s, frozen, mb, coefs), state
+      )
+      return (state, stopped), (metrics, ~stopped)
+
+    def run_epoch(carry, epoch_rng):
+      state, stopped = carry
+      order = jax.random.permutation(epoch_rng, b).reshape(c.num_minibatches, c.minibatch_size)
+      (state, _), (metrics, ran) = jax.lax.scan(run_minibatch, (state, stopped), order)
+      epoch_kl = jnp.sum(metrics["policy/approxkl_avg"]) / jnp.maximum(jnp.sum(ran), 1)
+      if c.target_kl is not None:
+        stopped = stopped | (epoch_kl > c.target_kl)
+      return (state, stopped), (metrics, ran)
+
+    epoch_rngs = jax.random.split(shuffle_rng, c.ppo_epochs)
+    (state, stopped), (metrics, ran) = jax.lax.scan(
+        run_epoch, (state, jnp.zeros((), bool)), epoch_rngs
+    )
+    n_ran = jnp.sum(ran)
+    out = {k: jnp.sum(v) / jnp.maximum(n_ran, 1).astype(jnp.float32) for k, v in metrics.items()}
+    out["val/ratio_first_minibatch"] = metrics["val/ratio"][0, 0]
+    out["lr"] = self.schedule(jnp.maximum(state.opt_steps - 1, 0)) * state.lr_scale
+    out["policy/epochs_run"] = n_ran.astype(jnp.float32) / c.num_minibatches
+    out["policy/early_stopped"] = stopped.astype(jnp.float32)
+    out["entropy_coef"] = coefs["entropy"]
+    if fresh:
+      kl = self.kl_controller.update(state.kl, seq_kl_mean, jnp.asarray(c.batch_size))
+      state = state.replace(kl=kl, step=state.step + 1, episode=state.episode + c.batch_size)
+    return state, out
+
+
+def init_train_state(
+    config: PPOConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    policy: nnx.State,
+    value: nnx.State | None,
+    rng: Array,
+) -> TrainState:
+  """A fresh `TrainState` (step 0) for the trainable policy (and critic) variables."""
+  params = {"policy": policy, "value": value}
+  return TrainState(
+      policy=policy,
+      value=value,
+      opt_state=optimizer.init(params),
+      kl=kl_controller(config).init(),
+      rng=rng,
+      step=jnp.zeros((), jnp.int32),
+      opt_steps=jnp.zeros((), jnp.int32),
+      episode=jnp.zeros((), jnp.int32),
+      lr_scale=jnp.ones((), jnp.float32),
+  )
+
+
+__all__ = [
+    "Batch",
+    "PPOSteps",
+    "init_train_state",
+    "kl_controller",
+    "make_optimizer",
+    "process_scores",
+]
