@@ -1,0 +1,329 @@
+"""Tests of jax_ppo.config_io: YAML/JSON round trips, `key=value` overrides (nested, tuples,
+Optional, YAML quirks) and errors that name the offending key."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import pathlib
+from typing import Literal
+
+import pytest
+import yaml
+
+from jax_ppo.config_io import (
+    apply_overrides,
+    config_from_argv,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    override_config,
+    parse_override,
+    read_config_file,
+    save_config,
+)
+from jax_ppo.rollout.config import SamplingConfig
+
+
+class Mode(enum.Enum):
+  FAST = "fast"
+  SLOW = "slow"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Inner:
+  dim: int = 8
+  """Width."""
+  dropout: float = 0.0
+  """Dropout rate."""
+  names: tuple[str, ...] = ("a",)
+  """Some names."""
+
+  def __post_init__(self):
+    if self.dim < 1:
+      raise ValueError(f"Inner.dim={self.dim} is invalid: use an int >= 1.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sampling:
+  temperature: float = 1.0
+  """Temperature."""
+  stop_token_ids: tuple[int, ...] = ()
+  """Stop ids."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outer:
+  name: str = "run"
+  """Run name."""
+  learning_rate: float = 1e-6
+  """Learning rate."""
+  batch_size: int = 64
+  """Batch size."""
+  use_lora: bool = False
+  """LoRA flag."""
+  target_kl: float | None = None
+  """Optional target."""
+  seeds: tuple[int, ...] = (0,)
+  """Variable-length tuple."""
+  pair: tuple[int, float] = (1, 2.0)
+  """Fixed-length tuple."""
+  buckets: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
+  """A list."""
+  weights: dict[str, float] = dataclasses.field(default_factory=dict)
+  """A mapping."""
+  mode: Mode = Mode.FAST
+  """An enum."""
+  kind: Literal["ppo", "grpo"] = "ppo"
+  """A literal."""
+  out_dir: pathlib.Path = pathlib.Path("runs")
+  """A path."""
+  inner: Inner = dataclasses.field(default_factory=Inner)
+  """Nested config."""
+  sampling: Sampling | None = None
+  """Optional nested config."""
+  derived: int = dataclasses.field(init=False, default=0)
+  """Derived value, never saved."""
+
+  def __post_init__(self):
+    object.__setattr__(self, "derived", 2 * self.batch_size)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Required:
+  seed: int
+  """No default."""
+  name: str = "x"
+  """Has a default."""
+
+
+NON_DEFAULT = Outer(
+    name="123",
+    learning_rate=3e-6,
+    batch_size=32,
+    use_lora=True,
+    target_kl=6.0,
+    seeds=(1, 2, 3),
+    pair=(4, 0.5),
+    buckets=[8],
+    weights={"a": 1.0, "b": -2.5},
+    mode=Mode.SLOW,
+    kind="grpo",
+    out_dir=pathlib.Path("/tmp/run 1"),
+    inner=Inner(dim=16, dropout=0.1, names=("x", "y")),
+    sampling=Sampling(temperature=0.7, stop_token_ids=(50256,)),
+)
+
+
+# ---- round trips ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("filename", ["config.yaml", "config.yml", "config.json"])
+@pytest.mark.parametrize("config", [Outer(), NON_DEFAULT], ids=["defaults", "non_default"])
+def test_round_trip_through_files(tmp_path, filename, config):
+  path = save_config(config, tmp_path / "run" / filename)
+  assert path == tmp_path / "run" / filename
+  loaded = load_config(Outer, path)
+  assert loaded == config
+  assert isinstance(loaded.seeds, tuple) and isinstance(loaded.inner.names, tuple)
+  assert loaded.derived == 2 * config.batch_size
+
+
+def test_save_into_a_run_folder_writes_plain_yaml(tmp_path):
+  path = save_config(NON_DEFAULT, tmp_path)
+  assert path == tmp_path / "config.yaml"
+  text = path.read_text()
+  assert text.startswith("# test_config_io.Outer\n") or text.startswith("# tests.test_config_io")
+  data = yaml.safe_load(text)
+  assert data["seeds"] == [1, 2, 3] and data["inner"]["names"] == ["x", "y"]
+  assert data["mode"] == "slow" and data["out_dir"] == "/tmp/run 1" and data["name"] == "123"
+  assert "derived" not in data
+  assert list(data) == [f.name for f in dataclasses.fields(Outer) if f.init]  # field order kept
+  assert load_config(Outer, tmp_path) == NON_DEFAULT  # a directory means its config.yaml
+
+
+def test_json_file_is_plain_json(tmp_path):
+  path = save_config(NON_DEFAULT, tmp_path / "c.json")
+  assert json.loads(path.read_text()) == config_to_dict(NON_DEFAULT)
+
+
+def test_config_to_dict_and_back():
+  data = config_to_dict(NON_DEFAULT)
+  assert data["pair"] == [4, 0.5] and data["sampling"] == {
+      "temperature": 0.7,
+      "stop_token_ids": [50256],
+  }
+  assert config_from_dict(Outer, data) == NON_DEFAULT
+  assert config_from_dict(Outer, {}) == Outer()
+
+
+def test_round_trip_of_a_library_config(tmp_path):
+  config = SamplingConfig(temperature=0.7, stop_token_ids=(2, 7), pad_token_id=0, n_samples=4)
+  assert load_config(SamplingConfig, save_config(config, tmp_path / "s.yaml")) == config
+  assert load_config(SamplingConfig, None, ["prompt_buckets=[16,32]"]).prompt_buckets == (16, 32)
+
+
+def test_file_values_and_missing_fields(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("learning_rate: 3e-6\ninner:\n  dim: 4\nsampling:\n  temperature: 0.5\n")
+  config = load_config(Outer, path)
+  assert config.learning_rate == 3e-6  # YAML 1.1 reads "3e-6" as a string
+  assert config.inner == Inner(dim=4) and config.sampling == Sampling(temperature=0.5)
+  assert config.batch_size == 64
+  (tmp_path / "empty.yaml").write_text("")
+  assert load_config(Outer, tmp_path / "empty.yaml") == Outer()
+
+
+# ---- overrides -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, field, expected",
+    [
+        ("learning_rate=3e-6", "learning_rate", 3e-6),
+        ("learning_rate=1", "learning_rate", 1.0),
+        ("batch_size=1e2", "batch_size", 100),
+        ("use_lora=true", "use_lora", True),
+        ("target_kl=6", "target_kl", 6.0),
+        ("target_kl=null", "target_kl", None),
+        ("seeds=[1, 2]", "seeds", (1, 2)),
+        ("seeds=[]", "seeds", ()),
+        ("pair=[3, 4.5]", "pair", (3, 4.5)),
+        ("buckets=[4]", "buckets", [4]),
+        ("weights={a: 1, b: 2.5}", "weights", {"a": 1.0, "b": 2.5}),
+        ("name=123", "name", "123"),
+        ("name=yes", "name", "yes"),
+        ("name=a: b", "name", "a: b"),
+        ("name=", "name", ""),
+        ("mode=slow", "mode", Mode.SLOW),
+        ("mode=SLOW", "mode", Mode.SLOW),
+        ("kind=grpo", "kind", "grpo"),
+        ("out_dir=/tmp/x", "out_dir", pathlib.Path("/tmp/x")),
+    ],
+)
+def test_override_values(override, field, expected):
+  assert getattr(load_config(Outer, None, [override]), field) == expected
+
+
+def test_nested_overrides():
+  config = load_config(
+      Outer,
+      None,
+      ["inner.dim=32", "inner.names=[p, q]", "sampling.stop_token_ids=[1,2]", "inner.dim=33"],
+  )
+  assert config.inner == Inner(dim=33, names=("p", "q"))  # the later override wins
+  assert config.sampling == Sampling(stop_token_ids=(1, 2))  # created from None
+  assert load_config(Outer, None, ["sampling=null"]).sampling is None
+  replaced = load_config(Outer, None, ["inner={dim: 2}"])
+  assert replaced.inner == Inner(dim=2)
+
+
+def test_overrides_apply_on_top_of_the_file(tmp_path):
+  path = save_config(NON_DEFAULT, tmp_path / "c.yaml")
+  config = load_config(Outer, path, ["inner.dropout=0.3", "seeds=[9]"])
+  assert config == dataclasses.replace(
+      NON_DEFAULT, inner=dataclasses.replace(NON_DEFAULT.inner, dropout=0.3), seeds=(9,)
+  )
+
+
+def test_apply_overrides_keeps_values_plain_and_does_not_mutate():
+  data = {"inner": {"dim": 4}}
+  out = apply_overrides(Outer, data, ["inner.names=[a]", "name=7"])
+  assert out == {"inner": {"dim": 4, "names": ["a"]}, "name": "7"}
+  assert data == {"inner": {"dim": 4}}
+  with pytest.raises(TypeError, match="sequence"):
+    apply_overrides(Outer, {}, "name=x")
+
+
+def test_parse_override():
+  assert parse_override(" inner.dim = 3 ") == ("inner.dim", "3")
+  assert parse_override("expr=a=b") == ("expr", "a=b")
+
+
+def test_override_config_and_argv(tmp_path):
+  assert override_config(NON_DEFAULT, ["batch_size=8"]) == dataclasses.replace(
+      NON_DEFAULT, batch_size=8
+  )
+  path = save_config(NON_DEFAULT, tmp_path / "c.yaml")
+  config = config_from_argv(Outer, [str(path), "batch_size=8"])
+  assert config == dataclasses.replace(NON_DEFAULT, batch_size=8)
+  assert config_from_argv(Outer, ["inner.dim=2"]).inner.dim == 2
+  with pytest.raises(ValueError, match="at most one config file"):
+    config_from_argv(Outer, [str(path), str(path)])
+
+
+# ---- errors name the key -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, pattern",
+    [
+        (["learning_rat=1e-6"], r"'learning_rat' for Outer\. Did you mean 'learning_rate'\?"),
+        (["zzz=1"], r"Unknown config key 'zzz' for Outer\. Valid keys: name, learning_rate"),
+        (["inner.dimm=3"], r"'inner\.dimm' for Inner\. Did you mean 'dim'\?"),
+        (["sampling.temprature=1"], r"'sampling\.temprature' for Sampling\. Did you mean"),
+        (["derived=3"], r"Unknown config key 'derived'"),
+        (["batch_size=abc"], r"'batch_size' \(Outer\.batch_size\) in override 'batch_size=abc'"),
+        (["batch_size=2.5"], r"'batch_size' \(Outer\.batch_size\).*expected an int, got 2\.5"),
+        (["batch_size=true"], r"'batch_size'.*expected an int, got True"),
+        (["learning_rate=fast"], r"'learning_rate'.*expected a float"),
+        (["use_lora=maybe"], r"'use_lora'.*expected a bool"),
+        (["seeds=[1, x]"], r"'seeds'.*item 1: expected an int, got 'x'"),
+        (["seeds=3"], r"'seeds'.*expected a list"),
+        (["pair=[1]"], r"'pair'.*with 2 items, got 1"),
+        (["kind=sac"], r"'kind'.*expected one of \['ppo', 'grpo'\]"),
+        (["mode=medium"], r"'mode'.*expected one of \['fast', 'slow'\]"),
+        (["target_kl=high"], r"'target_kl'.*expected float \| None"),
+        (["weights={a: x}"], r"'weights'.*item 'a': expected a float"),
+        (["inner.dim=x"], r"'inner\.dim' \(Inner\.dim\).*expected an int, got 'x'"),
+        (["inner.dim=0"], r"Inner\.dim=0 is invalid"),
+        (["inner={dimm: 2}"], r"'inner\.dimm' for Inner\. Did you mean 'dim'"),
+        (["batch_size.x=1"], r"Outer\.batch_size has type int, not a nested config"),
+        (["seeds=[1"], r"'seeds'.*cannot parse '\[1' as YAML"),
+        (["no_equals_sign"], r"Invalid override 'no_equals_sign': write key=value"),
+        (["=3"], r"Invalid override '=3'"),
+        (["inner..dim=3"], r"Invalid override"),
+    ],
+)
+def test_override_errors_name_the_key(overrides, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    load_config(Outer, None, overrides)
+
+
+@pytest.mark.parametrize(
+    "text, pattern",
+    [
+        ("learning_rat: 1e-6\n", r"Did you mean 'learning_rate'"),
+        ("inner:\n  dim: x\n", r"'inner\.dim' \(Inner\.dim\): expected an int, got 'x'"),
+        ("inner: 3\n", r"'inner' \(Outer\.inner\): expected a mapping of Inner fields, got 3"),
+        ("sampling:\n  stop_token_ids: [1, b]\n", r"'sampling\.stop_token_ids'.*item 1"),
+        ("- 1\n- 2\n", r"must hold a mapping of field names, got list"),
+    ],
+)
+def test_file_errors_name_the_key(tmp_path, text, pattern):
+  path = tmp_path / "c.yaml"
+  path.write_text(text)
+  with pytest.raises(ValueError, match=pattern):
+    load_config(Outer, path)
+
+
+def test_missing_required_key():
+  with pytest.raises(ValueError, match=r"Required: missing required key\(s\) 'seed'"):
+    load_config(Required)
+  assert load_config(Required, None, ["seed=3"]) == Required(seed=3)
+
+
+def test_file_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="nope.yaml"):
+    load_config(Outer, tmp_path / "nope.yaml")
+  bad = tmp_path / "c.toml"
+  bad.write_text("x = 1")
+  with pytest.raises(ValueError, match="unsupported suffix '.toml'"):
+    read_config_file(bad)
+  with pytest.raises(ValueError, match="unsupported suffix '.txt'"):
+    save_config(Outer(), tmp_path / "c.txt")
+  with pytest.raises(TypeError, match="dataclass instance"):
+    config_to_dict(Outer)
+  with pytest.raises(TypeError, match="dataclass type"):
+    config_from_dict(Outer(), {})
