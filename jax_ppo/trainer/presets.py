@@ -2,9 +2,10 @@
 
 `PRESETS` maps a scenario to the trainer-config fields practitioners' articles change for it
 (dialogue, knowledge QA, creative writing); `preset_overrides(name)` returns a fresh copy to pass
-as keyword overrides to the trainer config. `HYPERPARAMETER_GUIDE` is a table of recommended
-ranges, defaults and one-line advice; `check_against_guide(values)` turns out-of-range values
-into advice and `format_guide()` renders the table as Markdown for the README.
+as keyword overrides to `PPOConfig`. `HYPERPARAMETER_GUIDE` is a table of recommended ranges,
+defaults and one-line advice keyed by `PPOConfig` field names; `check_against_guide(values)` turns
+out-of-range values into advice and `format_guide()` renders the table as Markdown for the
+README.
 
 Sources: the N+ implementation details of RLHF with PPO (Huang et al. 2024), TRL's PPO defaults,
 Ziegler et al. 2019 (adaptive KL controller) and practitioners' tuning guides.
@@ -60,8 +61,8 @@ class GuideEntry(NamedTuple):
   """Lowest recommended value."""
   high: float
   """Highest recommended value."""
-  default: float
-  """A good starting value."""
+  default: float | None
+  """A good starting value (None: off)."""
   advice: str
   """One line on what the parameter does and how to move it."""
 
@@ -86,15 +87,22 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
             0.01,
             0.2,
             0.05,
-            "Fixed KL penalty beta against the reference; raise it when KL keeps growing, or use "
-            "the adaptive controller (init 0.2) with target_kl.",
+            "KL penalty beta against the reference (initial value with a controller); raise it "
+            "when KL keeps growing, or use the adaptive controller with kl_target.",
         ),
-        "target_kl": GuideEntry(
+        "kl_target": GuideEntry(
             1.0,
             10.0,
             6.0,
-            "Adaptive KL controller target in nats per sequence (Ziegler et al. 2019: 6, horizon "
-            "10000); lower keeps the policy closer to the reference.",
+            "Target KL (nats per sequence) of the adaptive KL controller (Ziegler et al. 2019: 6, "
+            "horizon 10000); lower keeps the policy closer to the reference.",
+        ),
+        "target_kl": GuideEntry(
+            0.01,
+            0.1,
+            None,
+            "Early stop: skip the remaining epochs once an epoch's mean approximate KL exceeds it "
+            "(None disables); set it when later epochs overshoot.",
         ),
         "entropy_coef": GuideEntry(
             0.0,
@@ -119,7 +127,13 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
             0.1,
             0.5,
             0.1,
-            "Value-loss weight (with value clipping 0.2); raise it when the value loss plateaus.",
+            "Value-loss weight; raise it when the value loss plateaus.",
+        ),
+        "value_clip_eps": GuideEntry(
+            0.1,
+            0.3,
+            0.2,
+            "Value-prediction clip around the old values (cliprange_value); None disables.",
         ),
         "ppo_epochs": GuideEntry(
             1,
@@ -131,18 +145,20 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
             32,
             512,
             64,
-            "Prompts per rollout; larger batches give less noisy advantages and steadier rewards.",
+            "Responses per update; larger batches give less noisy advantages and steadier "
+            "rewards.",
         ),
-        "minibatch_size": GuideEntry(
-            8,
-            128,
-            16,
-            "Rollouts per optimizer step; must divide batch_size. 1-4 minibatches per batch.",
+        "num_minibatches": GuideEntry(
+            1,
+            4,
+            1,
+            "Optimizer steps per epoch; must divide batch_size. More minibatches mean more, "
+            "noisier updates per rollout.",
         ),
         "temperature": GuideEntry(
             0.7,
             1.0,
-            1.0,
+            0.7,
             "Sampling temperature, used for old, new and reference log-probs too; below 0.7 "
             "exploration suffers.",
         ),
@@ -189,7 +205,7 @@ def check_against_guide(values: Mapping[str, Any] | Any, *, lora: bool = False) 
 
   Returns:
     One line per out-of-range field, in guide order, naming the value, the range and the advice;
-    plus a line when `minibatch_size` does not divide `batch_size`. Empty when all is in range.
+    plus a line when `num_minibatches` does not divide `batch_size`. Empty when all is in range.
   """
   values = _values_of(values)
   advice = []
@@ -201,18 +217,18 @@ def check_against_guide(values: Mapping[str, Any] | Any, *, lora: bool = False) 
     if field == "learning_rate" and lora:
       low, high = 10 * low, 10 * high
     if math.isnan(value) or value < low or value > high:
-      where = "below" if value < low else "above"
+      where = "below" if value < low else "above" if value > high else "outside"
       span = _span(low, high, "..")
       advice.append(
           f"{field}={_fmt(value)} is {where} the recommended {span}"
           f"{' (LoRA)' if field == 'learning_rate' and lora else ''}: {entry.advice}"
       )
-  batch, minibatch = values.get("batch_size"), values.get("minibatch_size")
-  if isinstance(batch, int) and isinstance(minibatch, int) and minibatch > 0:
-    if batch % minibatch:
+  batch, minibatches = values.get("batch_size"), values.get("num_minibatches")
+  if isinstance(batch, int) and isinstance(minibatches, int) and minibatches > 0:
+    if batch % minibatches:
       advice.append(
-          f"minibatch_size={minibatch} does not divide batch_size={batch}: choose a divisor so "
-          "every rollout is used exactly once per epoch."
+          f"num_minibatches={minibatches} does not divide batch_size={batch}: choose a divisor "
+          "so every rollout is used exactly once per epoch."
       )
   return advice
 
@@ -225,7 +241,8 @@ def format_guide() -> str:
   ]
   for field, entry in HYPERPARAMETER_GUIDE.items():
     span = _span(entry.low, entry.high, " to ")
-    lines.append(f"| `{field}` | {span} | {_fmt(entry.default)} | {entry.advice} |")
+    default = "None (off)" if entry.default is None else _fmt(entry.default)
+    lines.append(f"| `{field}` | {span} | {default} | {entry.advice} |")
   return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.presets import (
     HYPERPARAMETER_GUIDE,
     PRESETS,
@@ -75,15 +76,16 @@ def test_guide_covers_the_required_fields():
       "vf_coef",
       "ppo_epochs",
       "batch_size",
-      "minibatch_size",
+      "num_minibatches",
       "temperature",
       "max_grad_norm",
       "target_kl",
+      "kl_target",
   }
   assert required <= set(HYPERPARAMETER_GUIDE)
   for field, entry in HYPERPARAMETER_GUIDE.items():
     assert isinstance(entry, GuideEntry)
-    assert entry.low <= entry.default <= entry.high, field
+    assert entry.default is None or entry.low <= entry.default <= entry.high, field
     assert entry.advice and "\n" not in entry.advice and "|" not in entry.advice, field
   assert HYPERPARAMETER_GUIDE["learning_rate"][:2] == (1e-6, 5e-6)
   assert HYPERPARAMETER_GUIDE["clip_eps"][:2] == (0.1, 0.3)
@@ -94,6 +96,10 @@ def test_guide_covers_the_required_fields():
 
 def test_defaults_pass_the_check():
   assert check_against_guide({k: e.default for k, e in HYPERPARAMETER_GUIDE.items()}) == []
+
+
+def test_nan_is_out_of_range():
+  assert check_against_guide({"clip_eps": float("nan")})[0].startswith("clip_eps=nan is outside")
 
 
 def test_out_of_range_values_get_advice():
@@ -119,13 +125,13 @@ def test_none_and_non_numeric_values_are_ignored():
   assert check_against_guide({"target_kl": None, "temperature": "hot", "clip_eps": True}) == []
 
 
-def test_minibatch_must_divide_batch():
-  advice = check_against_guide({"batch_size": 64, "minibatch_size": 24})
+def test_minibatches_must_divide_batch():
+  advice = check_against_guide({"batch_size": 64, "num_minibatches": 3})
   assert advice == [
-      "minibatch_size=24 does not divide batch_size=64: choose a divisor so every rollout is "
+      "num_minibatches=3 does not divide batch_size=64: choose a divisor so every rollout is "
       "used exactly once per epoch."
   ]
-  assert check_against_guide({"batch_size": 64, "minibatch_size": 16}) == []
+  assert check_against_guide({"batch_size": 64, "num_minibatches": 4}) == []
 
 
 def test_accepts_a_config_dataclass():
@@ -149,6 +155,18 @@ def test_format_guide_is_a_markdown_table_with_a_row_per_field():
   assert "| `learning_rate` | 1e-6 to 5e-6 | 3e-6 |" in table
   assert "| `gamma` | 1.0 | 1.0 |" in table
   assert "| `ppo_epochs` | 1 to 4 | 4 |" in table
+  assert "| `target_kl` | 0.01 to 0.1 | None (off) |" in table
+
+
+def test_presets_and_guide_use_trainer_config_fields():
+  """Preset overrides build a valid PPOConfig and every guide row names one of its fields."""
+  for name in PRESETS:
+    config = PPOConfig(**preset_overrides(name))
+    assert all(getattr(config, k) == v for k, v in PRESETS[name].items())
+  fields = {f.name for f in dataclasses.fields(PPOConfig)}
+  assert set(HYPERPARAMETER_GUIDE) <= fields
+  defaults = {k: e.default for k, e in HYPERPARAMETER_GUIDE.items()}
+  assert check_against_guide(PPOConfig(**defaults)) == []
 
 
 def test_format_presets():
