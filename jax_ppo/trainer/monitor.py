@@ -8,7 +8,8 @@ returns a `StabilityWarning` for every check that fails at this step:
 * `reward_volatility`: the std of the last `reward_window` mean rewards exceeds
   `reward_volatility_ratio` times the magnitude of their mean.
 * `kl_high`: the KL to the reference stays above `kl_threshold` for `kl_window` consecutive
-  updates (or, with `kl_rule="mean"`, the mean over the window does).
+  updates (or, with `kl_rule="mean"`, the mean over the window does). The KL is per token:
+  `objective/kl` (a per-sequence sum) divided by `response_length/mean` when that is logged.
 * `clipfrac_high`: the policy clip fraction exceeds `clipfrac_threshold`.
 * `non_finite`: any metric is NaN or infinite.
 * `value_loss_plateau`: the mean value loss of the last `value_loss_window` updates is not below
@@ -68,6 +69,10 @@ class MonitorConfig:
   """Metric names of the mean reward, in order of preference; the first one present is used."""
   kl_key: str = "objective/kl"
   """Metric name of the mean KL between policy and reference."""
+  kl_length_key: str | None = "response_length/mean"
+  """When this metric is present (and > 0), the KL is divided by it, so the KL thresholds are per
+  token: TRL's `objective/kl` sums the KL over the response (several nats per sequence in a
+  healthy run). None, or a missing metric, compares the KL metric as logged."""
   clipfrac_key: str = "policy/clipfrac_avg"
   """Metric name of the share of policy-ratio values that were clipped."""
   value_loss_key: str = "loss/value_avg"
@@ -79,7 +84,8 @@ class MonitorConfig:
   """Warn when std(last rewards) > ratio * |mean(last rewards)|."""
 
   kl_threshold: float = 0.1
-  """KL level above which the policy is drifting too far from the reference."""
+  """KL level (per token, see `kl_length_key`) above which the policy is drifting too far from
+  the reference."""
   kl_window: int = 5
   """Number of recent updates the KL rule looks at."""
   kl_rule: str = "consecutive"
@@ -123,6 +129,10 @@ class MonitorConfig:
     for field in ("kl_key", "clipfrac_key", "value_loss_key"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give a non-empty metric name")
+    if self.kl_length_key is not None and not (
+        isinstance(self.kl_length_key, str) and self.kl_length_key
+    ):
+      bad("kl_length_key", "give a metric name, or None to compare the KL as logged")
     for field, low in (
         ("reward_window", 2),
         ("kl_window", 1),
@@ -242,6 +252,7 @@ class StabilityMonitor:
     self._last_logged: dict[str, int] = {}
     self._active: set[str] = set()
     self._collapse: StabilityWarning | None = None
+    self._kl_label = "KL"
 
   # ---- public API ------------------------------------------------------------------------------
 
@@ -296,6 +307,10 @@ class StabilityMonitor:
     reward_key = next((k for k in c.reward_keys if k in values), None)
     reward = finite(reward_key) if reward_key is not None else None
     kl = finite(c.kl_key)
+    length = finite(c.kl_length_key) if c.kl_length_key is not None else None
+    self._kl_label = "KL"
+    if kl is not None and length is not None and length > 0:
+      kl, self._kl_label = kl / length, "KL per token"
     clipfrac = finite(c.clipfrac_key)
     value_loss = finite(c.value_loss_key)
 
@@ -343,10 +358,10 @@ class StabilityMonitor:
           StabilityWarning(
               "kl_blowup",
               step,
-              f"KL {kl:.4g} > {c.collapse_kl_multiple:g} x kl_threshold ({c.kl_threshold:g}): the "
-              "policy has diverged from the reference. Roll back to the last good checkpoint, "
-              "then raise kl_coef (or lower target_kl), lower learning_rate, tighten clip_eps "
-              "and reduce ppo_epochs.",
+              f"{self._kl_label} {kl:.4g} > {c.collapse_kl_multiple:g} x kl_threshold "
+              f"({c.kl_threshold:g}): the policy has diverged from the reference. Roll back to "
+              "the last good checkpoint, then raise kl_coef (or lower kl_target with an adaptive "
+              "controller), lower learning_rate, tighten clip_eps and reduce ppo_epochs.",
               kl,
           )
       )
@@ -420,11 +435,17 @@ class StabilityMonitor:
     recent = [v for _, v in self._kls]
     if c.kl_rule == "consecutive":
       failing, value = all(v > c.kl_threshold for v in recent), recent[-1]
-      what = f"KL above {c.kl_threshold:g} for {c.kl_window} consecutive updates (now {value:.4g})"
+      what = (
+          f"{self._kl_label} above {c.kl_threshold:g} for {c.kl_window} consecutive updates "
+          f"(now {value:.4g})"
+      )
     else:
       value = _mean(recent)
       failing = value > c.kl_threshold
-      what = f"mean KL over the last {c.kl_window} updates {value:.4g} > {c.kl_threshold:g}"
+      what = (
+          f"mean {self._kl_label} over the last {c.kl_window} updates {value:.4g} > "
+          f"{c.kl_threshold:g}"
+      )
     if not failing:
       return []
     return [
@@ -432,7 +453,7 @@ class StabilityMonitor:
             "kl_high",
             step,
             f"{what}: the policy is drifting away from the reference. Raise kl_coef (or lower "
-            "target_kl with the adaptive controller), lower learning_rate or reduce ppo_epochs.",
+            "kl_target with an adaptive controller), lower learning_rate or reduce ppo_epochs.",
             value,
         )
     ]

@@ -32,7 +32,8 @@ def healthy_stream(n: int = 200, seed: int = 0, *, reward_noise: float = 0.05):
   for t in range(n):
     yield {
         "objective/scores": 1.0 + 0.01 * t + rng.gauss(0.0, reward_noise),
-        "objective/kl": 0.03 + 0.01 * rng.random(),
+        "objective/kl": 1.5 + 0.5 * rng.random(),  # summed over ~48 tokens
+        "response_length/mean": 48.0 + rng.gauss(0.0, 2.0),
         "policy/clipfrac_avg": 0.1 + 0.05 * rng.random(),
         "loss/value_avg": 2.0 * 0.97**t + 0.01 * rng.random(),
         "loss/policy_avg": rng.gauss(0.0, 0.1),
@@ -113,6 +114,21 @@ def test_kl_mean_rule():
   warnings = run(mean, ({"objective/kl": k} for k in kls))
   assert [w.kind for w in warnings] == ["kl_high"]
   assert warnings[0].value == pytest.approx(0.12)
+
+
+def test_kl_is_per_token_when_the_response_length_is_logged():
+  """TRL's objective/kl sums over the response; dividing by the mean length gives per-token KL."""
+  monitor = StabilityMonitor()
+  healthy = {"objective/kl": 4.0, "response_length/mean": 48.0}  # 0.083 per token
+  assert run(monitor, [healthy] * 10) == []
+  drifting = {"objective/kl": 9.6, "response_length/mean": 48.0}  # 0.2 per token
+  warnings = run(monitor, [drifting] * 5, start=10)
+  assert [w.kind for w in warnings] == ["kl_high"]
+  assert warnings[0].value == pytest.approx(0.2) and "KL per token" in warnings[0].message
+  assert not monitor.collapsed  # 0.2 < 10 x 0.1
+  raw = StabilityMonitor(MonitorConfig(kl_length_key=None))
+  assert "kl_blowup" in kinds(raw.update(0, healthy))  # 4.0 nats compared as logged
+  assert "KL per token" not in raw.collapse_reason.message
 
 
 def test_clipfrac():
@@ -282,6 +298,7 @@ def test_state_round_trip_keeps_collapse():
     [
         ("reward_keys", ()),
         ("kl_key", ""),
+        ("kl_length_key", ""),
         ("reward_window", 1),
         ("kl_window", 0),
         ("value_loss_window", 0),
