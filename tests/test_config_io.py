@@ -164,6 +164,15 @@ def test_round_trip_of_a_library_config(tmp_path):
   assert load_config(SamplingConfig, None, ["prompt_buckets=[16,32]"]).prompt_buckets == (16, 32)
 
 
+def test_round_trip_of_the_trainer_config(tmp_path):
+  from jax_ppo.trainer.config import PPOConfig
+
+  overrides = ["learning_rate=1e-6", "stop_token_ids=[50256]", "target_kl=null", "lam=1"]
+  config = load_config(PPOConfig, None, overrides)
+  assert config.stop_token_ids == (50256,) and config.lam == 1.0
+  assert load_config(PPOConfig, save_config(config, tmp_path)) == config
+
+
 def test_file_values_and_missing_fields(tmp_path):
   path = tmp_path / "c.yaml"
   path.write_text("learning_rate: 3e-6\ninner:\n  dim: 4\nsampling:\n  temperature: 0.5\n")
