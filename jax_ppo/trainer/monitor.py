@@ -220,6 +220,8 @@ def _reward_noise(values: list[float]) -> float:
 
 def _as_float(value: Any) -> float | None:
   """A metric as a Python float, or None when it is not a number (strings, arrays of size > 1)."""
+  if isinstance(value, str | bytes):
+    return None
   if isinstance(value, bool):
     return float(value)
   try:

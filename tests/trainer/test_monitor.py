@@ -74,7 +74,7 @@ def test_stationary_noisy_reward_never_collapses(seed, noise, level):
 def test_missing_metrics_skip_their_checks():
   monitor = StabilityMonitor()
   for step in range(30):
-    assert monitor.update(step, {"lr": 1e-6, "note": "not a number"}) == []
+    assert monitor.update(step, {"lr": 1e-6, "note": "nan", "hist": np.ones(3)}) == []
 
 
 # ---- each warning fires --------------------------------------------------------------------------
