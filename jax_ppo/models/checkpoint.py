@@ -1,12 +1,12 @@
 """Hugging Face checkpoints: safetensors folders in and out.
 
 Loading reads `config.json` with `transformers.AutoConfig`, builds the model abstractly
-(`nnx.eval_shape`, no memory), then fills one parameter at a time: the tensors of a stacked
-parameter (`[L, ...]`) are read one by one with `safetensors.safe_open(..., framework="numpy")`,
-cast and copied into a host buffer, and the buffer becomes a device array before the next
-parameter is read. Peak host memory therefore stays near one copy of the weights plus the largest
-stacked parameter. Files are opened per parameter and closed afterwards, so memory-mapped pages
-of the checkpoint are not held for the whole load.
+(`nnx.eval_shape`, no memory), then reads the tensors one by one with
+`safetensors.safe_open(..., framework="numpy")` (the file is opened for that tensor only, so
+memory-mapped pages do not accumulate), casts each to the parameter dtype and writes it into its
+device array: a stacked parameter `[L, ...]` is allocated once and filled layer by layer through a
+donated in-place update. Peak host memory therefore stays near one copy of the loaded weights plus
+a few tensors (`experiments/benchmarks/load_memory.py` measures it).
 
 Saving writes `model.safetensors` (or shards plus `model.safetensors.index.json`),
 `config.json` and `generation_config.json`, which `transformers.AutoModelForCausalLM` (or
@@ -17,6 +17,7 @@ adapters are merged into the written kernels.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -207,40 +208,45 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
   if uncovered:
     raise ValueError(f"No checkpoint tensor fills parameters {uncovered}.")
 
-  # Group the specs by the parameters they fill: all layers of a stacked parameter together.
-  groups: dict[tuple[Path, ...], list[TensorSpec]] = {}
   for spec in specs:
-    groups.setdefault(spec.paths, []).append(spec)
-  for paths, group in groups.items():
-    buffers = {p: np.empty(flat[p].shape, _np_dtype(flat[p].dtype)) for p in paths}
-    handles = {}
-    try:
-      for spec in group:
-        file = index[spec.name]
-        if file not in handles:
-          handles[file] = safe_open(os.path.join(path, file), framework="numpy")
-        tensor = handles[file].get_tensor(spec.name)
-        slices = [buffers[p] if spec.layer is None else buffers[p][spec.layer] for p in paths]
-        want = _hf_shape(spec, [s.shape for s in slices])
-        if tuple(tensor.shape) != want:
-          raise ValueError(
-              f"Shape mismatch for tensor {spec.name!r}: checkpoint has {tuple(tensor.shape)}, "
-              f"the {config.model_type} model expects {want}."
-          )
-        if spec.transpose:
-          tensor = tensor.T
-        offset = 0
-        for dst in slices:
-          width = dst.shape[-1]
-          dst[...] = tensor[..., offset:offset + width] if len(slices) > 1 else tensor
-          offset += width
-        del tensor
-    finally:
-      handles.clear()
-    for p in paths:
-      flat[p] = jnp.asarray(buffers.pop(p))
+    slot_shapes = [flat[p].shape if spec.layer is None else flat[p].shape[1:] for p in spec.paths]
+    tensor = _read_tensor(os.path.join(path, index[spec.name]), spec.name)
+    want = _hf_shape(spec, slot_shapes)
+    if tuple(tensor.shape) != want:
+      raise ValueError(
+          f"Shape mismatch for tensor {spec.name!r}: checkpoint has {tuple(tensor.shape)}, "
+          f"the {config.model_type} model expects {want}."
+      )
+    if spec.transpose:
+      tensor = tensor.T
+    offset = 0
+    for p, shape in zip(spec.paths, slot_shapes, strict=True):
+      part = tensor[..., offset:offset + shape[-1]] if len(spec.paths) > 1 else tensor
+      offset += shape[-1]
+      part = jnp.asarray(np.ascontiguousarray(part, dtype=_np_dtype(flat[p].dtype)))
+      if spec.layer is None:
+        flat[p] = part
+      else:
+        if isinstance(flat[p], jax.ShapeDtypeStruct):
+          flat[p] = jnp.zeros(flat[p].shape, flat[p].dtype)
+        flat[p] = _set_layer(flat[p], part, spec.layer)
+      del part
+    del tensor
   nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(flat))
   return nnx.merge(graphdef, state)
+
+
+def _read_tensor(file: str, name: str) -> np.ndarray:
+  """One tensor as a host array; the file is opened for this tensor only, so that none of the
+  checkpoint's memory-mapped pages stay resident after it is copied."""
+  with safe_open(file, framework="numpy") as f:
+    return f.get_tensor(name)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stacked: jax.Array, value: jax.Array, layer: int) -> jax.Array:
+  """`stacked[layer] = value` in place (the stacked buffer is donated)."""
+  return jax.lax.dynamic_update_index_in_dim(stacked, value.astype(stacked.dtype), layer, 0)
 
 
 def _read_model_type(path: str) -> str:
