@@ -342,7 +342,13 @@ class PPOSteps:
     total = jnp.sum(per_micro)
     return per_micro / jnp.where(total > 0, total, 1.0)
 
-  def _minibatch_step(self, state: TrainState, frozen, mb: Batch, coefs):
+  def _micro_metric_zeros(self, state: TrainState, frozen, batch: Batch, coefs):
+    """Zeros shaped like `_micro_loss`'s metrics (traced once per compile, never run)."""
+    micro = jax.tree.map(lambda x: x[: self.config.microbatch_size], batch)
+    shapes = jax.eval_shape(self._micro_loss, state.params, frozen, micro, 1.0, coefs)[1]
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+  def _minibatch_step(self, state: TrainState, frozen, mb: Batch, coefs, zero_metrics):
     c = self.config
     micro = jax.tree.map(
         lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb
@@ -357,15 +363,11 @@ class PPOSteps:
       return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, metrics, m)), None
 
     zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-    zero_metrics = jax.eval_shape(
-        lambda: grad_fn(state.params, frozen, jax.tree.map(lambda x: x[0], micro), 1.0, coefs)
-    )[0][1]
-    zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero_metrics)
     (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), (micro, weights))
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
-    metrics["policy/grad_norm"] = optax.global_norm(grads)
+    metrics["policy/grad_norm"] = optax.tree.norm(grads)
     new_state = state.replace(
         policy=params["policy"], value=params["value"], opt_state=opt_state,
         opt_steps=state.opt_steps + 1,
@@ -390,18 +392,18 @@ class PPOSteps:
     coefs = self._coefficients(state)
     rng, shuffle_rng = jax.random.split(state.rng)
     state = state.replace(rng=rng)
-    first_mb = jax.tree.map(lambda x: x[: c.minibatch_size], batch)
-    metric_shapes = jax.eval_shape(self._minibatch_step, state, frozen, first_mb, coefs)[1]
+    zero_metrics = self._micro_metric_zeros(state, frozen, batch, coefs)
+    skipped_metrics = {**zero_metrics, "policy/grad_norm": jnp.zeros((), jnp.float32)}
 
     def run_minibatch(carry, idx):
       state, stopped = carry
       mb = jax.tree.map(lambda x: x[idx], batch)
 
-      def skip(state):
-        return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
-
       state, metrics = jax.lax.cond(
-          stopped, skip, lambda s: self._minibatch_step(s, frozen, mb, coefs), state
+          stopped,
+          lambda s: (s, skipped_metrics),
+          lambda s: self._minibatch_step(s, frozen, mb, coefs, zero_metrics),
+          state,
       )
       return (state, stopped), (metrics, ~stopped)
 

@@ -199,6 +199,7 @@ class PPOTrainer:
         "eps": c.batch_size / total,
         "episode": float(self.state.episode),
         "step": float(self.step_count),
+        "rollout/prompt_len": float(prompt_len),
     })
     if self.peak_flops:
       metrics["mfu"] = flops / total / self.peak_flops
