@@ -1,8 +1,10 @@
 """Hypothesis strategies and assertion helpers shared by the tests of `jax_ppo.core`.
 
-Shapes are drawn from a handful of `(B, T)` pairs (and `V in {2, 5}`): JAX compiles a program
-once per input shape, so a few shapes shared by all tests keep the suite fast while still
-covering a single row, a single step, both together and uneven sizes.
+Shapes are drawn from a handful of `(B, T)` and `(B, T, V)` shapes: JAX compiles a program
+once per input shape and dtype, so a few shapes shared by all tests keep the suite fast while
+still covering a single row, a single step, both together and uneven sizes. For the same reason
+each `(B, T)` comes with one mask dtype (bool or float32), so both dtypes are exercised without
+doubling the compilations.
 
 Values are drawn on a coarse grid (multiples of 1/8 by default) rather than from arbitrary
 floats: every property then holds without catastrophic cancellation in float32, so the
@@ -21,9 +23,15 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 BATCH_SHAPES = ((1, 1), (1, 4), (3, 1), (3, 4), (2, 6))
-V_SIZES = (2, 5)
+MASK_DTYPE_OF_SHAPE = {
+    (1, 1): np.bool_,
+    (1, 4): np.float32,
+    (3, 1): np.float32,
+    (3, 4): np.bool_,
+    (2, 6): np.float32,
+}
+LOGITS_SHAPES = ((1, 1, 5), (1, 4, 2), (3, 1, 2), (3, 4, 5), (2, 6, 5))
 
-MASK_DTYPES = (np.bool_, np.float32)
 NONFINITE_JUNK = (np.nan, np.inf, -np.inf, 1e30, -1e30, 123.0)
 FINITE_JUNK = (1e4, -1e4, 50.0, -50.0, 123.0, 0.0)
 
@@ -31,6 +39,11 @@ FINITE_JUNK = (1e4, -1e4, 50.0, -50.0, 123.0, 0.0)
 def batch_shapes():
   """`(B, T)` pairs."""
   return st.sampled_from(BATCH_SHAPES)
+
+
+def logits_shapes():
+  """`(B, T, V)` triples."""
+  return st.sampled_from(LOGITS_SHAPES)
 
 
 def grid_arrays(shape, *, lo: float = -4.0, hi: float = 4.0, step: float = 0.125):
@@ -42,8 +55,8 @@ def grid_arrays(shape, *, lo: float = -4.0, hi: float = 4.0, step: float = 0.125
 
 
 @st.composite
-def masks(draw, shape, *, contiguous: bool = False, dtypes=MASK_DTYPES) -> np.ndarray:
-  """`[B, T]` masks of a drawn dtype.
+def masks(draw, shape, *, contiguous: bool = False, dtypes=None) -> np.ndarray:
+  """`[B, T]` masks of dtype `MASK_DTYPE_OF_SHAPE[shape]`, or drawn from `dtypes`.
 
   With `contiguous=True` every row's valid tokens form one block (left-, right- or
   both-side padding, or an empty row), as for real responses.
@@ -70,6 +83,8 @@ def masks(draw, shape, *, contiguous: bool = False, dtypes=MASK_DTYPES) -> np.nd
         m[row, draw(st.integers(0, t - 1))] = True
       elif kind == "full":
         m[row] = True
+  if dtypes is None:
+    return m.astype(MASK_DTYPE_OF_SHAPE.get(tuple(shape), np.bool_))
   return m.astype(draw(st.sampled_from(dtypes)))
 
 

@@ -366,7 +366,7 @@ def test_grpo_known_values():
 
 def test_jit_and_vmap_match_eager():
   rng = np.random.default_rng(0)
-  n, b, t = 3, 4, 5
+  n, b, t = 2, 4, 5
   rewards = rng.standard_normal((n, b, t)).astype(np.float32)
   values = rng.standard_normal((n, b, t)).astype(np.float32)
   mask = np.arange(t)[None, None, :] < rng.integers(0, t + 1, size=(n, b, 1))
@@ -393,7 +393,9 @@ def test_jit_and_vmap_match_eager():
     chex.assert_trees_all_close(
         jax.jit(fn)(*(a[0] for a in args)), eager[0], atol=1e-6, custom_message=name
     )
-    chex.assert_trees_all_close(jax.vmap(fn)(*args), stacked, atol=1e-5, custom_message=name)
+    chex.assert_trees_all_close(
+        jax.jit(jax.vmap(fn))(*args), stacked, atol=1e-5, custom_message=name
+    )
 
 
 def test_jitted_gae_compiles_once_for_new_values_and_hyperparameters():

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from core_strategies import (
-    V_SIZES,
     assert_close,
     assert_f32_scalar,
     batch_shapes,
@@ -16,6 +15,7 @@ from core_strategies import (
     grid_arrays,
     jit_call,
     junk,
+    logits_shapes,
     masks,
     permutations,
     seeds,
@@ -446,8 +446,7 @@ def test_value_clipping_known_values():
 
 @st.composite
 def entropy_inputs(draw):
-  b, t = draw(batch_shapes())
-  v = draw(st.sampled_from(V_SIZES))
+  b, t, v = draw(logits_shapes())
   rng = np.random.default_rng(draw(seeds()))
   logits = (3.0 * rng.standard_normal((b, t, v))).astype(np.float32)
   return logits, draw(masks((b, t))), draw(st.sampled_from((0.7, 1.0)))
@@ -527,44 +526,53 @@ def test_aggregate_loss_known_values_and_empty_rows():
 # ---------------------------------------------------------------- jit and vmap
 
 
-def _batched_inputs(seed=0, n=3, b=2, t=5, v=4):
+def _batched_inputs(seed=0, n=2, b=2, t=5, v=4):
   rng = np.random.default_rng(seed)
   f = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
   mask = np.arange(t)[None, None, :] < rng.integers(0, t + 1, size=(n, b, 1))
+  mask[-1, -1] = False  # An empty row.
   return f(n, b, t), f(n, b, t), f(n, b, t), mask, f(n, b, t, v)
 
 
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-def test_jit_and_vmap_match_eager(reduction):
+def test_jit_and_vmap_match_eager():
+  """Every loss under `jax.jit` and `jax.vmap` over an extra leading axis, with the
+  reductions and options spread over the cases."""
   x, y, z, mask, logits = _batched_inputs()
-  lp, old = -np.abs(x), -np.abs(x + 0.1 * y)
+  lp, old = -np.abs(x), -np.abs(x + 0.3 * y)
+  partial = functools.partial
   cases = {
-      "policy": (
-          functools.partial(ppo_policy_loss, clip_eps=0.2, dual_clip=3.0, reduction=reduction),
+      "policy": (ppo_policy_loss, (lp, old, z, mask)),
+      "policy_dual_high": (
+          partial(
+              ppo_policy_loss, clip_eps=0.1, clip_eps_high=0.28, dual_clip=1.5,
+              reduction="seq-mean-token-mean",
+          ),
           (lp, old, z, mask),
       ),
-      "policy_high": (
-          functools.partial(ppo_policy_loss, clip_eps_high=0.28, reduction=reduction),
-          (lp, old, z, mask),
+      "policy_seq_sum": (
+          partial(ppo_policy_loss, reduction="seq-mean-token-sum"), (lp, old, z, mask)
       ),
       "value": (
-          functools.partial(ppo_value_loss, clip_eps=0.2, reduction=reduction), (x, y, z, mask)
+          partial(ppo_value_loss, clip_eps=0.2, reduction="seq-mean-token-sum"), (x, y, z, mask)
       ),
-      "value_unclipped": (
-          functools.partial(ppo_value_loss, clip_eps=None, reduction=reduction), (x, y, z, mask)
-      ),
+      "value_unclipped": (partial(ppo_value_loss, clip_eps=None), (x, y, z, mask)),
       "entropy": (
-          functools.partial(entropy_bonus, temperature=0.7, reduction=reduction), (logits, mask)
+          partial(entropy_bonus, temperature=0.7, reduction="seq-mean-token-mean"),
+          (logits, mask),
       ),
-      "aggregate": (functools.partial(aggregate_loss, reduction=reduction), (x, mask)),
+      "entropy_default": (entropy_bonus, (logits, mask)),
   }
+  for reduction in REDUCTIONS:
+    cases[f"aggregate {reduction}"] = (partial(aggregate_loss, reduction=reduction), (x, mask))
   for name, (fn, args) in cases.items():
-    eager = [fn(*(a[i] for a in args)) for i in range(3)]
+    eager = [fn(*(a[i] for a in args)) for i in range(len(mask))]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *eager)
     chex.assert_trees_all_close(
         jax.jit(fn)(*(a[0] for a in args)), eager[0], atol=1e-6, custom_message=name
     )
-    chex.assert_trees_all_close(jax.vmap(fn)(*args), stacked, atol=1e-6, custom_message=name)
+    chex.assert_trees_all_close(
+        jax.jit(jax.vmap(fn))(*args), stacked, atol=1e-6, custom_message=name
+    )
 
 
 def test_jitted_policy_update_compiles_once():

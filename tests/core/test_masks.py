@@ -177,10 +177,10 @@ def test_jit_and_vmap_match_eager():
     eager = jax.tree.map(lambda *xs: jnp.stack(xs), *[fn(tokens[i]) for i in range(3)])
     first = jax.tree.map(lambda x: x[0], eager)
     chex.assert_trees_all_equal(jax.jit(fn)(tokens[0]), first, custom_message=name)
-    chex.assert_trees_all_equal(jax.vmap(fn)(tokens), eager, custom_message=name)
+    chex.assert_trees_all_equal(jax.jit(jax.vmap(fn))(tokens), eager, custom_message=name)
   eager = jnp.stack([position_ids_from_mask(attention[i]) for i in range(3)])
   chex.assert_trees_all_equal(jax.jit(position_ids_from_mask)(attention[0]), eager[0])
-  chex.assert_trees_all_equal(jax.vmap(position_ids_from_mask)(attention), eager)
+  chex.assert_trees_all_equal(jax.jit(jax.vmap(position_ids_from_mask))(attention), eager)
   # Stop ids may be a traced array argument.
   traced = jax.jit(response_mask_from_stop_tokens)(tokens[0], jnp.array([2, 4]))
   chex.assert_trees_all_equal(traced, fns["response_mask"](tokens[0]))

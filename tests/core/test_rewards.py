@@ -141,17 +141,15 @@ def test_jit_and_vmap_match_eager():
     fn = functools.partial(shape_rewards, kl_coef=kl_coef)
     eager = jnp.stack([fn(scores[i], kl[i], mask[i]) for i in range(3)])
     chex.assert_trees_all_close(jax.jit(fn)(scores[0], kl[0], mask[0]), eager[0])
-    chex.assert_trees_all_close(jax.vmap(fn)(scores, kl, mask), eager)
+    chex.assert_trees_all_close(jax.jit(jax.vmap(fn))(scores, kl, mask), eager)
   # A per-row coefficient, and a coefficient that is itself batched over the vmapped axis.
   coefs = rng.random((3,)).astype(np.float32)
   eager = jnp.stack([shape_rewards(scores[i], kl[i], mask[i], kl_coef=coefs[i]) for i in range(3)])
-  chex.assert_trees_all_close(
-      jax.vmap(lambda s, k, m, c: shape_rewards(s, k, m, kl_coef=c))(scores, kl, mask, coefs),
-      eager,
-  )
+  per_row = jax.jit(jax.vmap(lambda s, k, m, c: shape_rewards(s, k, m, kl_coef=c)))
+  chex.assert_trees_all_close(per_row(scores, kl, mask, coefs), eager)
   eager_last = jnp.stack([last_valid_index(mask[i]) for i in range(3)])
   chex.assert_trees_all_equal(jax.jit(last_valid_index)(mask[0]), eager_last[0])
-  chex.assert_trees_all_equal(jax.vmap(last_valid_index)(mask), eager_last)
+  chex.assert_trees_all_equal(jax.jit(jax.vmap(last_valid_index))(mask), eager_last)
 
 
 def test_traced_kl_coef_does_not_recompile():

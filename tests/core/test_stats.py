@@ -235,11 +235,11 @@ def test_jit_and_vmap_match_eager():
         jax.jit(fn)(x[0], mask[0]), eager[0], atol=1e-6, custom_message=name
     )
     chex.assert_trees_all_close(
-        jax.vmap(fn)(x, mask), jnp.stack(eager), atol=1e-6, custom_message=name
+        jax.jit(jax.vmap(fn))(x, mask), jnp.stack(eager), atol=1e-6, custom_message=name
     )
   eager = jnp.stack([explained_variance(x[i], y[i], mask[i]) for i in range(3)])
   chex.assert_trees_all_close(jax.jit(explained_variance)(x[0], y[0], mask[0]), eager[0])
-  chex.assert_trees_all_close(jax.vmap(explained_variance)(x, y, mask), eager, atol=1e-6)
+  chex.assert_trees_all_close(jax.jit(jax.vmap(explained_variance))(x, y, mask), eager, atol=1e-6)
 
 
 def test_bfloat16_inputs_reduce_in_float32():
