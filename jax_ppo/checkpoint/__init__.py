@@ -1,0 +1,25 @@
+"""jax_ppo.checkpoint: periodic, asynchronous, resumable run checkpoints (Orbax).
+
+    ckpt = RunCheckpointer(run_dir / "checkpoints", save_every=10, keep_last=3,
+                           best_metric="objective/scores", config=config)
+    ckpt.maybe_save(step, state, metrics, extra)       # returns at once (async)
+    state, extra = ckpt.restore(like=state)            # latest, or restore(step, like=...)
+"""
+
+from jax_ppo.checkpoint.manager import (
+    BEST_MODES,
+    CheckpointConfigMismatch,
+    CheckpointError,
+    RunCheckpointer,
+    abstract_like,
+    config_differences,
+)
+
+__all__ = [
+    "BEST_MODES",
+    "CheckpointConfigMismatch",
+    "CheckpointError",
+    "RunCheckpointer",
+    "abstract_like",
+    "config_differences",
+]
