@@ -4,13 +4,44 @@
 source, timing and metrics. All math runs in the compiled `PPOSteps` functions over the
 immutable `TrainState`. One trainer serves every advantage mode ("gae" with a critic, "grpo",
 "rloo", "reinforce++").
+
+With a `run_dir`, `train()` also runs the run's bookkeeping after every update (`RunOptions`):
+
+* `MetricsLogger`: `metrics.jsonl`, `samples.jsonl` (every `log_samples_every` updates),
+  TensorBoard, and a tqdm progress bar;
+* `StabilityMonitor`: warnings are logged (`jax_ppo.monitor`) and counted in
+  `monitor/warnings`;
+* `RunCheckpointer` (`run_dir/checkpoints`): the `TrainState` plus the data position, the
+  monitor's state and the host step, every `save_every` updates and at the end of `train()`;
+* `run_dir/config.yaml`: the run's configuration (`run_config`, default the `PPOConfig`).
+
+Steps are counted in updates done: the metrics of the first update, and the checkpoint taken
+after it, have step 1.
+
+Resuming: constructing a trainer on a `run_dir` that holds checkpoints restores the latest
+`TrainState`, data position and monitor state, and truncates the logs after that step, so running
+the same program again continues the run. The rollout key of update `n` is
+`fold_in(PRNGKey(seed + 1), n)` and the prompt order depends only on the data position, so a
+resumed run reproduces the uninterrupted one exactly. The replay buffer
+(`PPOConfig.replay_buffer_size`) is not checkpointed: it restarts empty, and runs that replay
+resume close to, not exactly like, the uninterrupted run.
+
+Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
+checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
+forgets the updates after the restored step, and training continues from there (at most
+`max_rollbacks` times).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import logging
+import math
+import os
+import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -18,13 +49,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
+from jax_ppo.config_io import save_config
 from jax_ppo.data.prompts import PromptDataset
+from jax_ppo.logging import MetricsLogger
+from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
 from jax_ppo.trainer import perf
 from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.monitor import MonitorConfig, StabilityMonitor
 from jax_ppo.trainer.rewards import (
     FunctionScorer,
     RewardModelScorer,
@@ -54,6 +90,71 @@ def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+logger = logging.getLogger("jax_ppo.trainer")
+
+CHECKPOINT_DIR = "checkpoints"
+"""Sub-folder of a run folder that holds the checkpoints."""
+
+
+class RunCollapsed(RuntimeError):
+  """Training collapsed again after `RunOptions.max_rollbacks` rollbacks."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+  """How a trainer with a `run_dir` logs, checkpoints, monitors and rolls back."""
+
+  save_every: int = 10
+  """Save a checkpoint every this many updates (and always at the end of `train()`)."""
+  keep_last: int = 3
+  """Number of most recent checkpoints kept."""
+  best_metric: str | None = None
+  """Also keep the checkpoint with the best value of this metric (e.g. "objective/scores")."""
+  best_mode: str = "max"
+  """"max" or "min": what "best" means for `best_metric`."""
+  log_samples_every: int = 10
+  """Write samples of the rollout to `samples.jsonl` every this many updates (0: never)."""
+  samples_per_log: int = 4
+  """Samples written each time."""
+  tensorboard: bool = True
+  """Write TensorBoard events under `run_dir/tensorboard`."""
+  progress: bool = True
+  """Show a tqdm progress bar with the reward and the KL."""
+  async_checkpointing: bool = True
+  """Write checkpoint files on a background thread (Orbax async)."""
+  monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
+  """Thresholds of the stability monitor."""
+  rollback: bool = False
+  """On a collapse reported by the monitor, restore the last checkpoint before it, scale the
+  learning rate by `rollback_lr_factor` and continue."""
+  rollback_lr_factor: float = 0.5
+  """Multiplier of `TrainState.lr_scale` at each rollback."""
+  max_rollbacks: int = 3
+  """A collapse after this many rollbacks stops training with `RunCollapsed`."""
+  resume_ignore: tuple[str, ...] = ()
+  """Dotted keys of the run configuration that may differ from the checkpoints' when resuming
+  (operational settings such as logging intervals); every other difference is an error."""
+
+  def __post_init__(self):
+    def bad(field: str, fix: str):
+      raise ValueError(f"RunOptions.{field}={getattr(self, field)!r} is invalid: {fix}.")
+
+    for field, low in (("save_every", 1), ("keep_last", 1), ("log_samples_every", 0),
+                       ("samples_per_log", 1), ("max_rollbacks", 0)):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        bad(field, f"use an int >= {low}")
+    if self.best_mode not in ("max", "min"):
+      bad("best_mode", "use 'max' or 'min'")
+    if self.best_metric is not None and not (isinstance(self.best_metric, str)
+                                             and self.best_metric):
+      bad("best_metric", "give a metric name (e.g. 'objective/scores') or None")
+    if not 0 < self.rollback_lr_factor <= 1:
+      bad("rollback_lr_factor", "use a factor in (0, 1]")
+    if not isinstance(self.monitor, MonitorConfig):
+      bad("monitor", "pass a jax_ppo.trainer.monitor.MonitorConfig")
+
+
 class PPOTrainer:
   """PPO / GRPO / RLOO / REINFORCE++ for a causal LM.
 
@@ -68,6 +169,15 @@ class PPOTrainer:
       without one, "gae" puts a zero-initialised value head on the policy trunk.
     memory_budget_bytes: rollout micro-batching budget (see `Sampler`).
     peak_flops: matmul peak for the `mfu` metric; measured at start-up when None.
+    run_dir: run folder for logs, checkpoints and `config.yaml`; when it holds checkpoints the
+      latest is restored (see the module docstring). None: no bookkeeping.
+    run_options: logging, checkpointing, monitoring and rollback settings (`RunOptions`).
+    run_config: the dataclass written to `run_dir/config.yaml` and stored with every checkpoint
+      (default: `config`); resuming under a different one raises `CheckpointConfigMismatch`
+      naming the differing fields (except `run_options.resume_ignore`).
+
+  Call `close()` (or use the trainer as a context manager) to flush the logs and wait for the
+  last checkpoint.
   """
 
   def __init__(
@@ -81,6 +191,9 @@ class PPOTrainer:
       value_model: ScalarModel | None = None,
       memory_budget_bytes: int | None = None,
       peak_flops: float | None = None,
+      run_dir: str | os.PathLike | None = None,
+      run_options: RunOptions | None = None,
+      run_config: Any = None,
   ):
     self.config = c = config
     self.dataset = prompts
@@ -116,10 +229,13 @@ class PPOTrainer:
         optimizer=self.optimizer,
         schedule=self.schedule,
     )
-    self.state: TrainState = init_train_state(
+    state = init_train_state(
         c, self.optimizer, policy=policy_params, value=value_params,
         rng=jax.random.PRNGKey(c.seed),
     )
+    # Committed to its devices, as a restored checkpoint is, so that resuming or rolling back
+    # hands the jitted steps the same argument signature (no recompilation).
+    self.state: TrainState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
     self.sampling = SamplingConfig(
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
         top_p=c.top_p, stop_token_ids=tuple(c.stop_token_ids), pad_token_id=c.pad_token_id,
@@ -137,9 +253,192 @@ class PPOTrainer:
         perf.count_params(self.frozen.reward) if self.frozen.reward is not None else 0,
     )
     self._eval_logprobs = jax.jit(self._eval_logprobs_impl)
+    self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
     self.last_scores: np.ndarray | None = None
     self.last_prompt_texts: list[str] | None = None
+
+    self.run_dir: pathlib.Path | None = None
+    self.run_options = run_options if run_options is not None else RunOptions()
+    self.run_config = run_config if run_config is not None else config
+    self.monitor: StabilityMonitor | None = None
+    self.checkpointer: RunCheckpointer | None = None
+    self.logger: MetricsLogger | None = None
+    self.rollbacks = 0
+    self._bar = None
+    if run_dir is not None:
+      self._open_run(pathlib.Path(run_dir))
+
+  # -- run folder: resume, logging, checkpoints -----------------------------------------------
+
+  def _open_run(self, run_dir: pathlib.Path) -> None:
+    """Opens (or resumes) the run folder. Raises before writing anything when the folder holds
+    checkpoints of another configuration or its latest checkpoint cannot be read."""
+    opts = self.run_options
+    if not dataclasses.is_dataclass(self.run_config) or isinstance(self.run_config, type):
+      raise ValueError(
+          f"run_config must be a dataclass instance (it is written to config.yaml), got "
+          f"{type(self.run_config).__name__}."
+      )
+    checkpointer = RunCheckpointer(
+        run_dir / CHECKPOINT_DIR, save_every=opts.save_every, keep_last=opts.keep_last,
+        best_metric=opts.best_metric, best_mode=opts.best_mode, config=self.run_config,
+        config_ignore=opts.resume_ignore, async_save=opts.async_checkpointing,
+    )
+    self.monitor = StabilityMonitor(opts.monitor)
+    start = 0
+    try:
+      if checkpointer.latest_step() is not None:
+        start = self._restore_from(checkpointer, None)
+        logger.info("Resumed %s from step %d.", run_dir, start)
+        if self.config.replay_buffer_size:
+          logger.warning("The replay buffer is not checkpointed; it restarts empty, so this run "
+                         "resumes close to, not exactly like, an uninterrupted one.")
+    except BaseException:
+      checkpointer.close()
+      raise
+    self.checkpointer = checkpointer
+    self.run_dir = run_dir
+    save_config(self.run_config, run_dir)
+    self.logger = MetricsLogger(
+        run_dir, tensorboard=opts.tensorboard, progress=False, truncate_after_step=start
+    )
+    if opts.progress:
+      import tqdm
+
+      self._bar = tqdm.tqdm(total=self.config.total_updates, initial=start, desc="train",
+                            unit="update")
+
+  def _restore_from(
+      self, checkpointer: RunCheckpointer, step: int | None, *, monitor: bool = True
+  ) -> int:
+    """Restores state and data position (and the monitor) from a checkpoint; returns its step."""
+    state, extra = checkpointer.restore(step, like=self.state)
+    self.state = state
+    self.data_position = int(extra["data_position"])
+    if monitor:
+      if self.monitor is not None and extra.get("monitor") is not None:
+        self.monitor.load_state_dict(extra["monitor"])
+      self.rollbacks = int(extra.get("rollbacks", 0))
+    self.replay.clear()
+    self.last_rollout = self.last_scores = self.last_prompt_texts = None
+    return self.step_count
+
+  def _checkpoint_extra(self) -> dict[str, Any]:
+    """What a checkpoint stores besides the `TrainState` (JSON)."""
+    return {
+        "step": self.step_count,
+        "data_position": self.data_position,
+        "monitor": self.monitor.state_dict() if self.monitor is not None else None,
+        "rollbacks": self.rollbacks,
+    }
+
+  def load_checkpoint(self, path: str | os.PathLike, *, step: int | None = None) -> int:
+    """Restores a saved `TrainState` and data position (read-only; e.g. to evaluate or export).
+
+    Args:
+      path: a run folder (with a `checkpoints/` sub-folder) or a checkpoint folder.
+      step: the step to restore; None restores the latest.
+
+    Returns:
+      The restored step.
+
+    Raises:
+      CheckpointError: no checkpoint, no such step, or unreadable (e.g. another model setup).
+    """
+    path = pathlib.Path(path)
+    if (path / CHECKPOINT_DIR).is_dir():
+      path = path / CHECKPOINT_DIR
+    checkpointer = RunCheckpointer(path, read_only=True)
+    try:
+      if checkpointer.latest_step() is None:
+        raise CheckpointError(f"No checkpoint in {str(path)!r}; train first.")
+      return self._restore_from(checkpointer, step)
+    finally:
+      checkpointer.close()
+
+  def _record(self, metrics: dict[str, float]) -> dict[str, float]:
+    """Monitor, rollback, logs and checkpoint after one update (run folder only)."""
+    opts = self.run_options
+    step = self.step_count
+    warnings = self.monitor.update(step, metrics)
+    metrics["monitor/warnings"] = float(len(warnings))
+    samples = []
+    if opts.log_samples_every and step % opts.log_samples_every == 0:
+      samples = self.samples(limit=opts.samples_per_log)  # before a rollback forgets them
+    collapsed = opts.rollback and self.monitor.collapsed
+    if collapsed:
+      metrics.update(self._rollback(step))
+    self.logger.log(step, metrics)
+    if samples:
+      self.logger.log_samples(
+          step, [r["prompt"] for r in samples], [r["response"] for r in samples],
+          [r["reward"] for r in samples],
+      )
+    if not collapsed:
+      self.checkpointer.maybe_save(step, self.state, metrics, self._checkpoint_extra())
+    if self._bar is not None:
+      self._bar.n = self.step_count
+      shown = {k: metrics[v] for k, v in (("reward", "objective/scores"), ("kl", "objective/kl"))
+               if v in metrics and math.isfinite(metrics[v])}
+      self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
+      self._bar.refresh()
+    return metrics
+
+  def _rollback(self, step: int) -> dict[str, float]:
+    """Restores the latest checkpoint before the collapse and lowers the learning rate."""
+    opts = self.run_options
+    reason = self.monitor.collapse_reason
+    if self.rollbacks >= opts.max_rollbacks:
+      self.logger.log(step, {"rollback/count": float(self.rollbacks)})
+      self.close()
+      raise RunCollapsed(
+          f"The run collapsed at step {step} ({reason.kind}: {reason.message}) after "
+          f"{self.rollbacks} rollbacks (RunOptions.max_rollbacks={opts.max_rollbacks}). Lower "
+          "learning_rate, raise kl_coef or check the reward; the checkpoints in "
+          f"{str(self.run_dir)!r} are kept."
+      )
+    self.checkpointer.wait()
+    good = [s for s in self.checkpointer.steps() if s < reason.step]
+    if not good:
+      logger.error("Step %d: collapse (%s) but no checkpoint before it; continuing without "
+                   "rollback.", step, reason.kind)
+      self.monitor.clear_collapse()
+      return {}
+    target = good[-1]
+    self._restore_from(self.checkpointer, target, monitor=False)
+    scale = float(self.state.lr_scale) * opts.rollback_lr_factor
+    lr_scale = self.state.lr_scale
+    self.state = self.state.replace(
+        lr_scale=jax.device_put(jnp.asarray(scale, lr_scale.dtype), lr_scale.sharding)
+    )
+    self.monitor.rollback(target)
+    self.rollbacks += 1
+    logger.warning(
+        "Step %d: collapse (%s); rolled back to the checkpoint of step %d with lr_scale %.4g "
+        "(rollback %d of at most %d).", step, reason.kind, target, scale, self.rollbacks,
+        opts.max_rollbacks,
+    )
+    return {"rollback/to_step": float(target), "rollback/lr_scale": scale,
+            "rollback/count": float(self.rollbacks)}
+
+  def close(self) -> None:
+    """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent."""
+    checkpointer, self.checkpointer = self.checkpointer, None
+    run_logger, self.logger = self.logger, None
+    bar, self._bar = self._bar, None
+    if checkpointer is not None:
+      checkpointer.close()
+    if run_logger is not None:
+      run_logger.close()
+    if bar is not None:
+      bar.close()
+
+  def __enter__(self) -> PPOTrainer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
   # -- one update ----------------------------------------------------------------------------
 
@@ -211,17 +510,31 @@ class PPOTrainer:
   def train(
       self, num_updates: int | None = None, *, callback: Callable[[dict], Any] | None = None
   ) -> list[dict[str, float]]:
-    """Runs `num_updates` updates (default: up to `config.total_updates`)."""
+    """Trains until `num_updates` more updates are done (default: up to `total_updates`).
+
+    With a run folder every update is monitored, logged and checkpointed (see the module
+    docstring) and the last step is saved before returning; `callback(metrics)` runs after
+    that bookkeeping. Returns the metrics of every update run (a rollback makes the step count
+    go back, so the list can be longer than `num_updates`).
+    """
     if self.peak_flops is None:
       self.peak_flops = perf.measure_matmul_peak()
-    remaining = self.config.total_updates - self.step_count
-    n = remaining if num_updates is None else min(num_updates, remaining)
+    total = self.config.total_updates
+    target = total if num_updates is None else min(total, self.step_count + num_updates)
     history = []
-    for _ in range(n):
+    metrics: dict[str, float] = {}
+    while self.step_count < target:
       metrics = self.step()
+      if self.checkpointer is not None:
+        metrics = self._record(metrics)
       history.append(metrics)
       if callback is not None:
         callback(metrics)
+    if self.checkpointer is not None:
+      if history:
+        self.checkpointer.save(self.step_count, self.state, metrics, self._checkpoint_extra())
+      self.checkpointer.wait()
+      self.logger.flush()
     return history
 
   # -- samples and evaluation ----------------------------------------------------------------
@@ -231,13 +544,7 @@ class PPOTrainer:
     if self.last_rollout is None:
       return []
     r = jax.tree.map(lambda x: x[:limit], self.last_rollout)
-    if self.tokenizer is not None:
-      prompts, responses = decode_rollout(self.tokenizer, r)
-    else:
-      prompts = [np.asarray(p)[np.asarray(m) != 0].tolist()
-                 for p, m in zip(r.prompt_ids, r.prompt_mask, strict=True)]
-      responses = [np.asarray(p)[np.asarray(m)].tolist()
-                   for p, m in zip(r.response_ids, r.response_mask, strict=True)]
+    prompts, responses = self._texts(r)
     return [
         {"stage": stage, "step": self.step_count, "prompt": p, "response": q,
          "reward": float(s)}
@@ -253,28 +560,74 @@ class PPOTrainer:
     tokens of log pi - log pi_ref, mean over responses) and `eval/entropy` (mean negative
     log-prob per token).
     """
+    return self.evaluate_with_samples(prompts, temperature=temperature, seed=seed)[0]
+
+  def evaluate_with_samples(
+      self,
+      prompts: Sequence[Sequence[int]],
+      *,
+      temperature: float | None = None,
+      seed: int = 0,
+      chunk_size: int = 64,
+  ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`evaluate`, also returning one `{prompt, response, reward, length, kl}` record per prompt.
+
+    Prompts are sampled in chunks of `chunk_size` (the chunk's key is `fold_in(key(seed), i)`);
+    samplers are cached per temperature, so repeated evaluations do not recompile.
+    """
+    if len(prompts) == 0:
+      raise ValueError("evaluate: `prompts` is empty; pass at least one prompt.")
     greedy = temperature is None
-    sampling = SamplingConfig(
-        max_new_tokens=self.config.max_new_tokens,
-        temperature=1.0 if greedy else temperature,
-        greedy=greedy,
-        stop_token_ids=tuple(self.config.stop_token_ids),
-        pad_token_id=self.config.pad_token_id,
-    )
-    sampler = Sampler(self.policy_model(), sampling)
-    rollout = sampler(prompts, jax.random.PRNGKey(seed), state=self.policy_state())
-    scores = np.asarray(self.scorer(rollout, self.frozen.reward))
-    logprobs, ref_logprobs = jax.device_get(
-        self._eval_logprobs(self.state.policy, self.frozen, rollout)
-    )
-    mask = np.asarray(rollout.response_mask)
-    return {
+    sampler = self._eval_samplers.get((greedy, temperature))
+    if sampler is None:
+      sampling = SamplingConfig(
+          max_new_tokens=self.config.max_new_tokens,
+          temperature=1.0 if greedy else temperature,
+          greedy=greedy,
+          stop_token_ids=tuple(self.config.stop_token_ids),
+          pad_token_id=self.config.pad_token_id,
+      )
+      sampler = self._eval_samplers[(greedy, temperature)] = Sampler(self.policy_model(),
+                                                                     sampling)
+    key = jax.random.PRNGKey(seed)
+    scores, lengths, kls, logprob_sums, samples = [], [], [], [], []
+    for i, start in enumerate(range(0, len(prompts), chunk_size)):
+      rollout = sampler(list(prompts[start:start + chunk_size]), jax.random.fold_in(key, i),
+                        state=self.policy_state())
+      chunk_scores = np.asarray(self.scorer(rollout, self.frozen.reward), np.float64)
+      logprobs, ref_logprobs = jax.device_get(
+          self._eval_logprobs(self.state.policy, self.frozen, rollout)
+      )
+      mask = np.asarray(rollout.response_mask).astype(bool)
+      chunk_kl = np.sum((logprobs - ref_logprobs) * mask, axis=1)
+      scores.append(chunk_scores)
+      lengths.append(mask.sum(1))
+      kls.append(chunk_kl)
+      logprob_sums.append(np.sum(logprobs * mask, axis=1))
+      texts = self._texts(rollout)
+      samples.extend(
+          {"prompt": p, "response": r, "reward": float(sc), "length": int(n), "kl": float(k)}
+          for p, r, sc, n, k in zip(*texts, chunk_scores, mask.sum(1), chunk_kl, strict=True)
+      )
+    scores, lengths = np.concatenate(scores), np.concatenate(lengths)
+    metrics = {
         "eval/score_mean": float(scores.mean()),
         "eval/score_std": float(scores.std()),
-        "eval/response_length": float(mask.sum(1).mean()),
-        "eval/kl": float(np.sum((logprobs - ref_logprobs) * mask, axis=1).mean()),
-        "eval/entropy": float(-np.sum(logprobs * mask) / max(mask.sum(), 1)),
+        "eval/response_length": float(lengths.mean()),
+        "eval/kl": float(np.concatenate(kls).mean()),
+        "eval/entropy": float(-np.concatenate(logprob_sums).sum() / max(lengths.sum(), 1)),
     }
+    return metrics, samples
+
+  def _texts(self, rollout: Rollout) -> tuple[list, list]:
+    """Prompts and responses of a rollout: texts with a tokenizer, else valid token ids."""
+    if self.tokenizer is not None:
+      return decode_rollout(self.tokenizer, rollout)
+    prompts = [np.asarray(p)[np.asarray(m) != 0].tolist()
+               for p, m in zip(rollout.prompt_ids, rollout.prompt_mask, strict=True)]
+    responses = [np.asarray(p)[np.asarray(m)].tolist()
+                 for p, m in zip(rollout.response_ids, rollout.response_mask, strict=True)]
+    return prompts, responses
 
   def _eval_logprobs_impl(self, trainable, frozen: FrozenParams, rollout: Rollout):
     """Policy and reference log-probs `[B, T]` of a rollout at the training temperature."""
@@ -291,3 +644,26 @@ class PPOTrainer:
   def policy_model(self) -> nnx.Module:
     """The current policy as an NNX module (for export with `save_pretrained`)."""
     return nnx.merge(self.policy_graphdef, *self.policy_state())
+
+  def export(
+      self, path: str | os.PathLike, *, dtype=None, max_shard_size: int | str | None = "5GB"
+  ) -> pathlib.Path:
+    """Writes the current policy as a Hugging Face causal-LM folder.
+
+    LoRA adapters are merged into the kernels and a value head on the policy trunk is left out
+    (`jax_ppo.models.save_pretrained`); the tokenizer, when the trainer has one, is saved next
+    to it. `jax_ppo.models.from_pretrained` and `transformers.AutoModelForCausalLM` load it.
+
+    Args:
+      path: output folder (created).
+      dtype: dtype of the written tensors (None keeps the parameter dtype).
+      max_shard_size: bytes (or e.g. "2GB") per safetensors file.
+
+    Returns:
+      The folder written.
+    """
+    path = pathlib.Path(path)
+    save_pretrained(self.policy_model(), str(path), dtype=dtype, max_shard_size=max_shard_size)
+    if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+      self.tokenizer.save_pretrained(str(path))
+    return path

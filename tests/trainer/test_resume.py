@@ -1,0 +1,240 @@
+"""Run folders of the PPO trainer: exact resume, rollback on collapse, config checks, export.
+
+Trainers here share one `PPOConfig` and model, so after the first compile the others hit JAX's
+persistent compilation cache (a temporary folder, set for this module only).
+"""
+
+import dataclasses
+import json
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jax_ppo.checkpoint import CheckpointConfigMismatch
+from jax_ppo.config_io import load_config
+from jax_ppo.data import PromptDataset
+from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
+from jax_ppo.models.config import ModelConfig
+from jax_ppo.models.transformer import CausalLM
+from jax_ppo.trainer import PPOConfig, PPOTrainer, RunOptions, TokenScorer
+from jax_ppo.trainer.monitor import MonitorConfig
+
+EOS, PAD, TARGET = 2, 0, 7
+MODEL = ModelConfig(
+    model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
+    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
+)
+CONFIG = PPOConfig(
+    batch_size=8, num_minibatches=2, ppo_epochs=2, max_new_tokens=6, temperature=1.0,
+    stop_token_ids=(EOS,), pad_token_id=PAD, learning_rate=3e-3, lr_schedule="constant",
+    kl_coef=0.01, vf_coef=0.5, total_updates=40, reward_clip=None,
+)
+# Metrics that measure time, not the computation.
+TIMING = ("time/", "tokens_per_s", "eps", "mfu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent compilation cache for this module (restored afterwards)."""
+  from jax.experimental.compilation_cache import compilation_cache as cc
+
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update(keys[0], str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update(keys[1], 0.0)
+  jax.config.update(keys[2], 0)
+  cc.reset_cache()
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
+  cc.reset_cache()
+
+
+def _prompts(n=32, seed=0):
+  rng = np.random.default_rng(seed)
+  return PromptDataset(
+      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
+      seed=seed,
+  )
+
+
+def _count_target(prompt_ids, prompt_mask, response_ids, response_mask):
+  return jnp.sum((response_ids == TARGET) & response_mask, axis=1).astype(jnp.float32)
+
+
+def _trainer(config=CONFIG, policy=None, reward=None, **kwargs):
+  """A fresh trainer from scratch, as a new process would build it."""
+  policy = policy if policy is not None else CausalLM(MODEL, rngs=nnx.Rngs(0))
+  reward = reward if reward is not None else TokenScorer(_count_target)
+  return PPOTrainer(config, policy, reward=reward, prompts=_prompts(), peak_flops=1e11, **kwargs)
+
+
+def _host(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+def _jsonl(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class Crash(Exception):
+  pass
+
+
+def test_resume_in_a_new_trainer_equals_the_uninterrupted_run(tmp_path):
+  opts = RunOptions(save_every=2, keep_last=2, log_samples_every=1, samples_per_log=2,
+                    progress=False)
+  with _trainer(run_dir=tmp_path / "ref", run_options=opts) as ref:
+    ref_history = ref.train(4)
+    ref_state = _host(ref.state)
+
+  # Interrupted run: checkpoint at step 2, then a crash after step 3 was logged but not saved.
+  first = _trainer(run_dir=tmp_path / "run", run_options=opts)
+
+  def crash(metrics):
+    if metrics["step"] == 3:
+      raise Crash
+
+  with pytest.raises(Crash):
+    first.train(4, callback=crash)
+  first.close()
+  run = tmp_path / "run"
+  assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [1, 2, 3]
+  assert first.checkpointer is None  # closed
+
+  second = _trainer(run_dir=run, run_options=opts)  # restores step 2
+  assert second.step_count == 2 and second.data_position == 2
+  assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [1, 2]  # step 3 truncated
+  assert second.monitor.state_dict()["rewards"] == [
+      [s, m["objective/scores"]] for s, m in zip((1, 2), ref_history[:2], strict=True)
+  ]
+  history = second.train(2)
+  second.close()
+  assert second.steps.update._cache_size() == 1
+
+  # Same parameters, optimizer state, KL controller, RNG and counters as 4 uninterrupted updates.
+  jax.tree.map(np.testing.assert_array_equal, ref_state, _host(second.state))
+  for got, want in zip(history, ref_history[2:], strict=True):
+    exact = {k: v for k, v in want.items() if not k.startswith(TIMING)}
+    assert {k: got[k] for k in exact} == exact
+  logged = _jsonl(run / "metrics.jsonl")
+  ref_logged = _jsonl(tmp_path / "ref" / "metrics.jsonl")
+  assert [r["step"] for r in logged] == [1, 2, 3, 4]  # no duplicates
+  for got, want in zip(logged, ref_logged, strict=True):
+    assert got["objective/scores"] == want["objective/scores"]
+    assert got["policy/approxkl_avg"] == want["policy/approxkl_avg"]
+    assert got["monitor/warnings"] == 0
+  samples = _jsonl(run / "samples.jsonl")
+  assert [s["step"] for s in samples] == [1, 1, 2, 2, 3, 3, 4, 4]
+  assert all(isinstance(s["response"], list) and "reward" in s for s in samples)
+  assert second.checkpointer is None
+  assert load_config(PPOConfig, run) == CONFIG  # config.yaml
+  assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4]  # keep_last=2
+
+
+def test_resuming_with_another_config_names_the_fields_and_keeps_everything(tmp_path):
+  opts = RunOptions(save_every=1, progress=False, tensorboard=False)
+  with _trainer(run_dir=tmp_path, run_options=opts) as trainer:
+    trainer.train(1)
+  before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+  changed = dataclasses.replace(CONFIG, learning_rate=1e-3, ppo_epochs=1)
+  with pytest.raises(CheckpointConfigMismatch, match="learning_rate: saved 0.003, now 0.001") as e:
+    _trainer(config=changed, run_dir=tmp_path, run_options=opts)
+  assert [d[0] for d in e.value.differences] == ["learning_rate", "ppo_epochs"]
+  after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  assert after == before  # nothing deleted, truncated or overwritten
+
+  # Run options (logging, checkpoint frequency) are not part of the config: they may change.
+  with _trainer(run_dir=tmp_path, run_options=RunOptions(save_every=3, progress=False)) as t:
+    assert t.step_count == 1
+
+
+def test_rollback_on_collapse_restores_the_last_good_checkpoint(tmp_path, caplog):
+  calls = []
+
+  def reward(prompts, responses):
+    # Smooth scores (little noise), then one collapsed batch on the 6th rollout.
+    calls.append(len(responses))
+    if len(calls) == 6:
+      return [-20.0] * len(responses)
+    return [1.0 + 0.01 * r.count(TARGET) for r in responses]
+
+  monitor = MonitorConfig(collapse_smoothing=1, collapse_min_history=4, collapse_window=4,
+                          kl_threshold=100.0, reward_volatility_ratio=10.0)
+  opts = RunOptions(save_every=2, rollback=True, monitor=monitor, progress=False,
+                    tensorboard=False, log_samples_every=0)
+  trainer = _trainer(reward=reward, run_dir=tmp_path, run_options=opts)
+  snapshots = {}
+
+  def snapshot(metrics):
+    snapshots.setdefault(int(metrics["step"]), []).append(_host(trainer.state.policy))
+
+  with caplog.at_level(logging.WARNING, logger="jax_ppo.trainer"):
+    history = trainer.train(8, callback=snapshot)
+  trainer.close()
+
+  rolled = [m for m in history if "rollback/to_step" in m]
+  assert len(rolled) == 1
+  assert rolled[0]["step"] == 6 and rolled[0]["rollback/to_step"] == 4
+  assert rolled[0]["rollback/lr_scale"] == 0.5
+  assert [int(m["step"]) for m in history] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+  # Right after the rollback the policy is the one saved at step 4.
+  jax.tree.map(np.testing.assert_array_equal, snapshots[4][0], snapshots[6][0])
+  assert trainer.rollbacks == 1 and float(trainer.state.lr_scale) == 0.5
+  assert not trainer.monitor.collapsed
+  lr = CONFIG.learning_rate
+  assert history[4]["lr"] == pytest.approx(lr) and history[-1]["lr"] == pytest.approx(lr / 2)
+  assert "rolled back to the checkpoint of step 4" in caplog.text
+  logged = _jsonl(tmp_path / "metrics.jsonl")
+  assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6, 5, 6, 7, 8]
+  assert logged[5]["rollback/to_step"] == 4 and logged[5]["objective/scores"] == -20.0
+  assert 8 in trainer_steps(tmp_path)
+  # Restored and rescaled arrays have the live state's signature: nothing recompiled.
+  assert trainer.steps.update._cache_size() == 1
+  assert trainer.sampler.compile_count == 1
+
+
+def trainer_steps(run_dir):
+  return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def test_export_merges_lora_drops_the_value_head_and_reloads(tmp_path):
+  policy = add_lora(CausalLM(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=4, alpha=8),
+                    rngs=nnx.Rngs(1))
+  trainer = _trainer(policy=policy)
+  # Non-zero adapters (B starts at 0), as after training.
+  keys = iter(jax.random.split(jax.random.PRNGKey(5), 64))
+  trainer.state = trainer.state.replace(policy=jax.tree.map(
+      lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape, x.dtype), trainer.state.policy
+  ))
+  path = trainer.export(tmp_path / "hf")
+  reloaded = from_pretrained(str(path))
+  assert reloaded.value_head is None
+  ids = jnp.asarray([[0, 0, 5, 9, 3], [4, 8, 15, 16, 23]])
+  mask = (ids != 0).astype(jnp.int32)
+
+  def logits(model, **kw):
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda s: nnx.merge(graphdef, s)(ids, attention_mask=mask, **kw))(
+        state))
+
+  live = trainer.policy_model()
+  np.testing.assert_array_equal(logits(reloaded), logits(merge_lora(live)))
+  np.testing.assert_allclose(logits(reloaded), logits(live), atol=2e-5)
+  assert not np.allclose(logits(live), logits(live, use_lora=False), atol=1e-3)  # adapters matter
+
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(path)).eval()
+  positions = np.maximum(np.cumsum(np.asarray(mask), axis=1) - 1, 0)
+  with torch.no_grad():
+    out = hf(input_ids=torch.tensor(np.asarray(ids)), attention_mask=torch.tensor(
+        np.asarray(mask)), position_ids=torch.tensor(positions)).logits.numpy()
+  valid = np.asarray(mask).astype(bool)
+  np.testing.assert_allclose(out[valid], logits(reloaded)[valid], atol=1e-4)
