@@ -5,17 +5,29 @@
     trainer.train()
 
 `config` (PPOConfig), `state` (TrainState, FrozenParams), `step` (the jitted experience and
-update functions), `rewards` (reward sources), `trainer` (host orchestration), `perf` (MFU).
+update functions), `rewards` (reward sources), `trainer` (host orchestration, run folders:
+`RunOptions`), `run` (`RunConfig`, `run_training`, evaluation and export of run folders, used by
+the `jax-ppo` command line), `perf` (MFU).
 """
 
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
 from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
+from jax_ppo.trainer.run import (
+    REWARD_FUNCTIONS,
+    RunConfig,
+    build_trainer,
+    evaluate_run,
+    export_run,
+    load_run_config,
+    run_training,
+)
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
-from jax_ppo.trainer.trainer import PPOTrainer
+from jax_ppo.trainer.trainer import PPOTrainer, RunCollapsed, RunOptions
 
 __all__ = [
     "ADVANTAGE_MODES",
+    "REWARD_FUNCTIONS",
     "Batch",
     "FrozenParams",
     "FunctionScorer",
@@ -23,8 +35,16 @@ __all__ = [
     "PPOSteps",
     "PPOTrainer",
     "RewardModelScorer",
+    "RunCollapsed",
+    "RunConfig",
+    "RunOptions",
     "TokenScorer",
     "TrainState",
+    "build_trainer",
+    "evaluate_run",
+    "export_run",
     "init_train_state",
+    "load_run_config",
     "make_optimizer",
+    "run_training",
 ]

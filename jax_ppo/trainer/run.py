@@ -1,0 +1,494 @@
+"""Training runs from one config file: `RunConfig`, `run_training`, evaluation and export.
+
+A run is described by a frozen `RunConfig` (YAML/JSON file + `key=value` overrides, see
+`load_run_config`): Hugging Face folders for the policy and the reward model (or a built-in
+programmatic reward), a prompts file, the `PPOConfig`, and the run folder with its logging and
+checkpoint settings. `run_training(config)` builds every object and trains; running it again on
+the same run folder resumes from the latest checkpoint. `evaluate_run` and `export_run` read a
+run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin layer
+over these functions.
+
+Defaults follow RLHF_DETAILS.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
+stop tokens default to the tokenizer's and the model's EOS ids, the critic is initialised from the
+reward model when there is one (item 15), else it is a zero-initialised value head on the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_ppo.config_io import (
+    CONFIG_FILENAME,
+    apply_overrides,
+    config_from_dict,
+    read_config_file,
+)
+from jax_ppo.data.prompts import PromptDataset
+from jax_ppo.models import (
+    LoRAConfig,
+    add_lora,
+    check_vocab_covers,
+    encode_chat,
+    from_pretrained,
+    load_scalar_model,
+    load_tokenizer,
+    value_model_from_reward_model,
+)
+from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.monitor import MonitorConfig
+from jax_ppo.trainer.presets import PRESETS, preset_overrides
+from jax_ppo.trainer.rewards import RewardModelScorer, TokenScorer
+from jax_ppo.trainer.trainer import PPOTrainer, RunOptions
+
+logger = logging.getLogger("jax_ppo.run")
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+"""`RunConfig.dtype` name -> compute dtype (parameters stay float32)."""
+
+REWARD_FUNCTIONS: Mapping[str, str] = {
+    "length": "number of response tokens (the stop token included)",
+    "count:<token>": "occurrences in the response of <token>: a token of the policy's "
+                     "vocabulary (its string, e.g. count:Ġgood) or an id (count:42)",
+}
+"""Built-in programmatic rewards for `RunConfig.reward_function`: spec -> description."""
+
+OPERATIONAL_FIELDS = (
+    "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
+    "log_samples_every", "tensorboard", "progress", "rollback", "rollback_lr_factor",
+    "max_rollbacks", "monitor",
+)
+"""`RunConfig` fields that may change between invocations of one run (they do not change what
+is computed); a difference in any other field refuses to resume."""
+
+PROMPT_SUFFIXES = (".txt", ".jsonl")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+  """Everything `run_training` needs; saved as `run_dir/config.yaml`."""
+
+  policy_path: str
+  """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
+  prompts_path: str
+  """Training prompts: a .txt file (one prompt per line) or a .jsonl file whose objects hold a
+  "prompt" string or chat "messages" (rendered with the tokenizer's chat template)."""
+  run_dir: str
+  """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
+  ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+  """PPO hyperparameters. `ppo.pad_token_id` is taken from the tokenizer; empty
+  `ppo.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
+  reward_model_path: str | None = None
+  """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model."""
+  reward_function: str | None = None
+  """A built-in programmatic reward instead of a reward model (see `REWARD_FUNCTIONS`)."""
+  value_model_path: str | None = None
+  """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
+  reward model, or a zero-initialised value head on the policy with a reward function."""
+  lora: LoRAConfig | None = None
+  """Train LoRA adapters instead of every weight (e.g. `lora.rank=16`)."""
+  preset: str | None = None
+  """Scenario preset (`jax_ppo.trainer.presets.PRESETS`) applied to `ppo` before the file's and
+  the command line's values."""
+  dtype: str = "float32"
+  """Compute dtype of every model: "float32", "bfloat16" or "float16" (weights stay float32)."""
+  updates_per_run: int | None = None
+  """Stop after this many updates in one invocation (None: run to `ppo.total_updates`); run the
+  same command again to continue (for schedulers with time limits)."""
+  save_every: int = 10
+  """Checkpoint every this many updates (and at the end of each invocation)."""
+  keep_last: int = 3
+  """Number of most recent checkpoints kept."""
+  best_metric: str | None = None
+  """Also keep the checkpoint with the best value of this metric."""
+  best_mode: str = "max"
+  """"max" or "min" for `best_metric`."""
+  log_samples_every: int = 10
+  """Write samples to samples.jsonl every this many updates (0: never)."""
+  tensorboard: bool = True
+  """Write TensorBoard events."""
+  progress: bool = True
+  """Show a progress bar."""
+  rollback: bool = False
+  """Roll back to the last good checkpoint when the monitor reports a collapse."""
+  rollback_lr_factor: float = 0.5
+  """Learning-rate multiplier applied at each rollback."""
+  max_rollbacks: int = 3
+  """Stop the run when it collapses again after this many rollbacks."""
+  monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
+  """Thresholds of the stability monitor."""
+
+  def __post_init__(self):
+    def bad(field: str, fix: str):
+      raise ValueError(f"RunConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
+
+    for field in ("policy_path", "prompts_path", "run_dir"):
+      if not isinstance(getattr(self, field), str) or not getattr(self, field):
+        bad(field, "give a path")
+    if (self.reward_model_path is None) == (self.reward_function is None):
+      raise ValueError(
+          "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
+          "SequenceClassification folder) or reward_function (one of "
+          f"{', '.join(REWARD_FUNCTIONS)}); got reward_model_path={self.reward_model_path!r}, "
+          f"reward_function={self.reward_function!r}."
+      )
+    if self.reward_function is not None:
+      parse_reward_function(self.reward_function)
+    if self.preset is not None and self.preset not in PRESETS:
+      bad("preset", f"choose one of {sorted(PRESETS)} or null")
+    if self.dtype not in DTYPES:
+      bad("dtype", f"choose one of {list(DTYPES)}")
+    if self.updates_per_run is not None and (
+        not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
+      bad("updates_per_run", "use an int >= 1 or null")
+    try:
+      self.run_options()
+    except ValueError as e:
+      raise ValueError(str(e).replace("RunOptions.", "RunConfig.")) from None
+
+  def run_options(self) -> RunOptions:
+    """The trainer's `RunOptions` for this run."""
+    return RunOptions(
+        save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
+        best_mode=self.best_mode, log_samples_every=self.log_samples_every,
+        tensorboard=self.tensorboard, progress=self.progress, monitor=self.monitor,
+        rollback=self.rollback, rollback_lr_factor=self.rollback_lr_factor,
+        max_rollbacks=self.max_rollbacks, resume_ignore=OPERATIONAL_FIELDS,
+    )
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+
+def load_run_config(argv: Sequence[str]) -> RunConfig:
+  """A `RunConfig` from at most one YAML/JSON file and `key=value` overrides.
+
+  Precedence, lowest first: `PPOConfig` defaults, the `preset`'s values, the file, the overrides
+  (e.g. `["configs/run.yaml", "ppo.learning_rate=1e-6", "preset=dialogue"]`).
+
+  Raises:
+    ValueError: unknown keys, bad values or an unknown preset (naming the key).
+    FileNotFoundError: the config file does not exist.
+  """
+  files = [a for a in argv if "=" not in a]
+  overrides = [a for a in argv if "=" in a]
+  if len(files) > 1:
+    raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
+  data = read_config_file(files[0]) if files else {}
+  data = apply_overrides(RunConfig, data, overrides)
+  preset = data.get("preset")
+  if preset is not None:
+    if preset not in PRESETS:
+      raise ValueError(f"RunConfig.preset={preset!r} is invalid: choose one of "
+                       f"{sorted(PRESETS)} or null.")
+    ppo = data.get("ppo") or {}
+    if not isinstance(ppo, Mapping):
+      raise ValueError(f"Config key 'ppo' must be a mapping of PPOConfig fields, got {ppo!r}.")
+    data = {**data, "ppo": {**preset_overrides(preset), **ppo}}
+  return config_from_dict(RunConfig, data)
+
+
+def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
+  """The `RunConfig` a run folder was trained with (its `config.yaml`)."""
+  path = pathlib.Path(run_dir) / CONFIG_FILENAME
+  if not path.is_file():
+    raise FileNotFoundError(
+        f"{str(run_dir)!r} has no {CONFIG_FILENAME}; pass the run folder written by "
+        "`jax-ppo train` (RunConfig.run_dir)."
+    )
+  return load_run_config([str(path)])
+
+
+# ---- rewards and prompts -------------------------------------------------------------------------
+
+
+def parse_reward_function(spec: str) -> tuple[str, str | None]:
+  """`"count:good"` -> `("count", "good")`; raises ValueError for an unknown name."""
+  if not isinstance(spec, str):
+    raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: give a name.")
+  name, sep, arg = spec.partition(":")
+  names = {k.partition(":")[0]: ":" in k for k in REWARD_FUNCTIONS}
+  if name not in names:
+    raise ValueError(
+        f"RunConfig.reward_function={spec!r} is invalid: unknown reward function {name!r}; "
+        f"choose one of {', '.join(REWARD_FUNCTIONS)}, or give reward_model_path instead."
+    )
+  if names[name] != bool(sep) or (sep and not arg):
+    usage = next(k for k in REWARD_FUNCTIONS if k.partition(":")[0] == name)
+    raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: write it as {usage!r}.")
+  return name, (arg if sep else None)
+
+
+def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer:
+  """The jittable scorer of a built-in reward (`REWARD_FUNCTIONS`)."""
+  name, arg = parse_reward_function(spec)
+  if name == "length":
+    def length(prompt_ids, prompt_mask, response_ids, response_mask):
+      return jnp.sum(response_mask, axis=1).astype(jnp.float32)
+
+    return TokenScorer(length)
+  vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+  if arg in vocab:
+    token_id = int(vocab[arg])
+  elif arg.isdigit():
+    token_id = int(arg)
+  else:
+    ids = tokenizer(arg, add_special_tokens=False)["input_ids"] if tokenizer is not None else []
+    if len(ids) != 1 or ids[0] == getattr(tokenizer, "unk_token_id", None):
+      raise ValueError(
+          f"RunConfig.reward_function={spec!r} is invalid: {arg!r} is not one token of the "
+          f"policy's tokenizer (it encodes to {ids}); give a vocabulary entry or a token id."
+      )
+    token_id = int(ids[0])
+
+  def count(prompt_ids, prompt_mask, response_ids, response_mask):
+    return jnp.sum((response_ids == token_id) & response_mask, axis=1).astype(jnp.float32)
+
+  return TokenScorer(count)
+
+
+_PROMPT_FORMATS = ('a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or '
+                   '{"messages": [...]} per line)')
+
+
+def check_prompts_file(path: str | os.PathLike, *, field: str) -> pathlib.Path:
+  """The prompts file as a path; FileNotFoundError/ValueError naming `field` when unusable."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise FileNotFoundError(f"{field}={str(path)!r}: no such file; give {_PROMPT_FORMATS}.")
+  if path.suffix.lower() not in PROMPT_SUFFIXES:
+    raise ValueError(f"{field}={str(path)!r}: unsupported suffix {path.suffix!r}; give "
+                     f"{_PROMPT_FORMATS}.")
+  return path
+
+
+def load_prompts(
+    path: str | os.PathLike, tokenizer: Any, *, seed: int = 0, field: str = "RunConfig.prompts_path"
+) -> PromptDataset:
+  """Reads and tokenizes a prompts file (.txt: one per line; .jsonl: "prompt" or "messages").
+
+  Args:
+    path: the file.
+    tokenizer: the policy's tokenizer (its chat template renders "messages").
+    seed: shuffling seed of the dataset.
+    field: how error messages name the path (the config field or the CLI flag).
+
+  Raises:
+    FileNotFoundError / ValueError: naming `field`, the line and the fix.
+  """
+  path = check_prompts_file(path, field=field)
+  suffix = path.suffix.lower()
+  ids: list[list[int]] = []
+  texts: list[str] = []
+  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    if not line.strip():
+      continue
+    if suffix == ".txt":
+      text = line
+    else:
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{field}={str(path)!r}, line {number}: invalid JSON ({e}).") from None
+      if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+        text = record["prompt"]
+      elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+        row = encode_chat(tokenizer, [record["messages"]])[0]
+        ids.append(row)
+        texts.append(tokenizer.decode(row))
+        continue
+      else:
+        raise ValueError(
+            f"{field}={str(path)!r}, line {number}: expected an object with a \"prompt\" string "
+            f"or a \"messages\" list, got {line[:80]!r}."
+        )
+    ids.append(list(tokenizer(text)["input_ids"]))
+    texts.append(text)
+  if not ids:
+    raise ValueError(f"{field}={str(path)!r} holds no prompts; give {_PROMPT_FORMATS}.")
+  empty = [i for i, row in enumerate(ids) if not row]
+  if empty:
+    raise ValueError(f"{field}={str(path)!r}: prompt {empty[0]} tokenizes to nothing.")
+  return PromptDataset(ids, texts=texts, seed=seed)
+
+
+def _has_tokenizer(path: str) -> bool:
+  return any(os.path.exists(os.path.join(path, f))
+             for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def _check_folder(field: str, path: str | None) -> None:
+  if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    raise FileNotFoundError(
+        f"RunConfig.{field}={path!r}: no Hugging Face model folder there (config.json is "
+        "missing); give a local folder written by save_pretrained."
+    )
+
+
+# ---- building and running ------------------------------------------------------------------------
+
+
+def build_trainer(
+    config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
+) -> PPOTrainer:
+  """Loads the models, tokenizer and prompts of `config` and builds the trainer.
+
+  Args:
+    config: the run.
+    open_run: attach `config.run_dir` (logs, checkpoints, resume); False builds a bare trainer
+      (for evaluation or export, which restore with `load_checkpoint`).
+    prompts: use these prompts instead of reading `config.prompts_path`.
+  """
+  for field in ("policy_path", "reward_model_path", "value_model_path"):
+    _check_folder(field, getattr(config, field))
+  if prompts is None:
+    check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
+  dtype = DTYPES[config.dtype]
+  tokenizer = load_tokenizer(config.policy_path)
+  policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32)
+  check_vocab_covers(tokenizer, policy.config)
+  if config.lora is not None:
+    add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
+  stop_ids = config.ppo.stop_token_ids or tuple(dict.fromkeys(
+      i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
+      if i is not None and i != tokenizer.pad_token_id
+  ))
+  ppo = dataclasses.replace(config.ppo, pad_token_id=tokenizer.pad_token_id,
+                            stop_token_ids=tuple(stop_ids))
+
+  value_model = None
+  if config.reward_model_path is not None:
+    reward_model = load_scalar_model(config.reward_model_path, dtype=dtype,
+                                     param_dtype=jnp.float32)
+    reward_tokenizer = (load_tokenizer(config.reward_model_path)
+                        if _has_tokenizer(config.reward_model_path) else None)
+    scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
+                               reward_tokenizer=reward_tokenizer)
+    if not scorer.retokenize:
+      check_vocab_covers(tokenizer, reward_model.config)
+    if ppo.uses_critic and config.value_model_path is None:
+      if scorer.retokenize:
+        logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
+                       "its copy; using a value head on the policy (or set value_model_path).")
+      else:
+        value_model = value_model_from_reward_model(reward_model)
+  else:
+    scorer = reward_function(config.reward_function, tokenizer)
+  if config.value_model_path is not None:
+    if ppo.uses_critic:
+      value_model = load_scalar_model(config.value_model_path, dtype=dtype,
+                                      param_dtype=jnp.float32)
+      check_vocab_covers(tokenizer, value_model.config)
+    else:
+      logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",
+                     ppo.advantage_mode)
+  if prompts is None:
+    prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed)
+  return PPOTrainer(
+      ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
+      run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
+      run_config=config,
+  )
+
+
+def run_training(config: RunConfig) -> list[dict[str, float]]:
+  """Trains (or resumes) the run described by `config`; returns the metrics of each update.
+
+  Runs `config.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
+  `config.run_dir`; calling it again with the same configuration continues the run.
+  """
+  trainer = build_trainer(config)
+  try:
+    if trainer.step_count >= config.ppo.total_updates:
+      logger.info("%s is complete (step %d of %d); nothing to do.", config.run_dir,
+                  trainer.step_count, config.ppo.total_updates)
+    return trainer.train(config.updates_per_run)
+  finally:
+    trainer.close()
+
+
+def _bare_trainer(config: RunConfig) -> PPOTrainer:
+  # The dataset is never used (no training): the training prompts file need not exist anymore.
+  return build_trainer(config, open_run=False, prompts=PromptDataset([[0]]))
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    prompts_path: str | os.PathLike,
+    *,
+    temperature: float | None = None,
+    step: int | None = None,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+  """Samples and scores held-out prompts with a checkpoint of a run (item 20).
+
+  Args:
+    run_dir: the run folder.
+    prompts_path: held-out prompts (.txt or .jsonl, as `RunConfig.prompts_path`).
+    temperature: None samples greedily.
+    step: the checkpoint; None uses the latest.
+    seed: sampling seed (temperature > 0).
+    out: JSON file written; default `run_dir/eval/step_<step>.json`.
+
+  Returns:
+    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "metrics", "samples", "out"}`
+    (also the content of `out`, without "out").
+  """
+  config = saved_run_config(run_dir)
+  check_prompts_file(prompts_path, field="--prompts")
+  trainer = _bare_trainer(config)
+  prompts = load_prompts(prompts_path, trainer.tokenizer, field="--prompts")
+  step = trainer.load_checkpoint(run_dir, step=step)
+  metrics, samples = trainer.evaluate_with_samples(prompts.prompts, temperature=temperature,
+                                                   seed=seed)
+  result = {
+      "run_dir": str(run_dir), "step": step, "prompts_path": str(prompts_path),
+      "greedy": temperature is None, "temperature": temperature, "reward": (
+          config.reward_model_path or config.reward_function),
+      "metrics": metrics, "samples": samples,
+  }
+  out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
+      f"step_{step}.json")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  return {**result, "out": str(out)}
+
+
+def export_run(
+    run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None
+) -> tuple[pathlib.Path, int]:
+  """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
+
+  Returns:
+    `(folder, step)`.
+  """
+  trainer = _bare_trainer(saved_run_config(run_dir))
+  step = trainer.load_checkpoint(run_dir, step=step)
+  return trainer.export(out, dtype=dtype), step
+
+
+__all__ = [
+    "DTYPES",
+    "OPERATIONAL_FIELDS",
+    "REWARD_FUNCTIONS",
+    "RunConfig",
+    "build_trainer",
+    "check_prompts_file",
+    "evaluate_run",
+    "export_run",
+    "load_prompts",
+    "load_run_config",
+    "parse_reward_function",
+    "reward_function",
+    "run_training",
+    "saved_run_config",
+]

@@ -1,0 +1,217 @@
+"""End-to-end tests of the `jax-ppo` command line (in process, through `jax_ppo.cli.main`).
+
+A tiny random GPT-2 policy, a tiny GPT-2 SequenceClassification reward model and a word-level
+tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
+"""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import yaml
+from flax import nnx
+
+torch = pytest.importorskip("torch", reason="torch builds the tiny Hugging Face models")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from jax_ppo.cli import main  # noqa: E402
+from jax_ppo.models import from_pretrained  # noqa: E402
+from jax_ppo.trainer import run  # noqa: E402
+
+WORDS = ("the a movie film plot actor story was is very really not quite good great fun bad "
+         "dull boring long short and but I liked hated it").split()
+PROMPTS = ["the movie was", "I liked the plot and", "the actor is", "it was really",
+           "a story", "the film is not", "I hated it but", "a very long"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent compilation cache for this module (restored afterwards)."""
+  from jax.experimental.compilation_cache import compilation_cache as cc
+
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update(keys[0], str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update(keys[1], 0.0)
+  jax.config.update(keys[2], 0)
+  cc.reset_cache()
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
+  cc.reset_cache()
+
+
+def _tokenizer():
+  vocab = {w: i for i, w in enumerate(["<pad>", "<|endoftext|>", "<unk>", *WORDS])}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>"
+  )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  """Policy and reward-model folders, prompt files and a YAML config."""
+  root = tmp_path_factory.mktemp("cli")
+  tok = _tokenizer()
+  config = transformers.GPT2Config(
+      vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, n_positions=64,
+      bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+  )
+  torch.manual_seed(0)
+  policy = transformers.GPT2LMHeadModel(config)
+  policy.save_pretrained(root / "policy")
+  tok.save_pretrained(root / "policy")
+  config.num_labels = 1
+  reward = transformers.GPT2ForSequenceClassification(config)
+  with torch.no_grad():
+    reward.score.weight.normal_(0.0, 1.0)
+  reward.save_pretrained(root / "reward")
+  tok.save_pretrained(root / "reward")
+  (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+  (root / "eval.jsonl").write_text(
+      "\n".join(json.dumps({"prompt": p}) for p in ("the plot was", "a good", "I liked")) + "\n")
+  cfg = {
+      "policy_path": str(root / "policy"),
+      "reward_model_path": str(root / "reward"),
+      "prompts_path": str(root / "prompts.txt"),
+      "run_dir": str(root / "run"),
+      "save_every": 1,
+      "keep_last": 2,
+      "log_samples_every": 1,
+      "progress": False,
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
+              "total_updates": 4, "learning_rate": 1e-3, "temperature": 1.0},
+  }
+  (root / "run.yaml").write_text(yaml.safe_dump(cfg))
+  return root
+
+
+def _jsonl(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _last_json(text):
+  return json.loads(text.strip().splitlines()[-1])
+
+
+def test_train_resume_eval_export(files, capsys):
+  run_dir = files / "run"
+  command = ["train", str(files / "run.yaml"), "updates_per_run=2"]
+  assert main(command) == 0
+  summary = _last_json(capsys.readouterr().out)
+  assert summary["run_dir"] == str(run_dir)
+  assert summary["updates_run"] == 2 and summary["step"] == 2
+  assert [r["step"] for r in _jsonl(run_dir / "metrics.jsonl")] == [1, 2]
+  saved = run.saved_run_config(run_dir)
+  assert saved.ppo.batch_size == 4 and saved.updates_per_run == 2
+
+  # The same command again continues the run.
+  assert main(command) == 0
+  assert _last_json(capsys.readouterr().out)["step"] == 4
+  logged = _jsonl(run_dir / "metrics.jsonl")
+  assert [r["step"] for r in logged] == [1, 2, 3, 4]  # continued, no duplicates
+  assert all(np.isfinite(r["objective/scores"]) for r in logged)
+  assert {s["step"] for s in _jsonl(run_dir / "samples.jsonl")} == {1, 2, 3, 4}
+  assert isinstance(_jsonl(run_dir / "samples.jsonl")[0]["response"], str)
+  assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["3", "4"]
+  assert any((run_dir / "tensorboard").iterdir())
+  assert main(command) == 0  # complete: nothing to do
+  assert _last_json(capsys.readouterr().out)["updates_run"] == 0
+
+  # A different configuration on the same run folder is refused; nothing is touched.
+  before = (run_dir / "metrics.jsonl").read_bytes()
+  assert main([*command, "ppo.learning_rate=0.5"]) == 2
+  err = capsys.readouterr().err
+  assert "ppo.learning_rate: saved 0.001, now 0.5" in err and "another directory" in err
+  assert (run_dir / "metrics.jsonl").read_bytes() == before
+
+  out = files / "eval.json"
+  assert main(["eval", "--run-dir", str(run_dir), "--prompts", str(files / "eval.jsonl"),
+               "--greedy", "--out", str(out)]) == 0
+  printed = _last_json(capsys.readouterr().out)
+  result = json.loads(out.read_text())
+  assert result["step"] == printed["step"] == 4 and result["greedy"]
+  assert set(result["metrics"]) == {"eval/score_mean", "eval/score_std", "eval/response_length",
+                                    "eval/kl", "eval/entropy"}
+  assert len(result["samples"]) == 3 and result["samples"][0]["prompt"] == "the plot was"
+  scores = [s["reward"] for s in result["samples"]]
+  assert result["metrics"]["eval/score_mean"] == pytest.approx(np.mean(scores))
+  assert main(["eval", "--run-dir", str(run_dir), "--prompts", str(files / "eval.jsonl"),
+               "--temperature", "0.7", "--step", "3"]) == 0
+  assert _last_json(capsys.readouterr().out)["step"] == 3
+  assert (run_dir / "eval" / "step_3.json").is_file()
+
+  hf_dir = files / "exported"
+  assert main(["export", "--run-dir", str(run_dir), "--out", str(hf_dir)]) == 0
+  assert _last_json(capsys.readouterr().out) == {"step": 4, "out": str(hf_dir)}
+  exported = from_pretrained(str(hf_dir))
+  trainer = run.build_trainer(run.saved_run_config(run_dir), open_run=False)
+  assert trainer.load_checkpoint(run_dir) == 4
+  ids = np.asarray([[0, 0, 5, 9], [7, 8, 11, 3]])
+  mask = (ids != 0).astype(np.int32)
+
+  def logits(model):
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda s: nnx.merge(graphdef, s)(ids, attention_mask=mask))(state))
+
+  np.testing.assert_array_equal(logits(exported), logits(trainer.policy_model()))
+  initial = from_pretrained(str(files / "policy"))
+  assert not np.allclose(logits(exported), logits(initial))  # training changed the policy
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir))
+  tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+  assert tok.decode(tok("the movie")["input_ids"]) == "the movie"
+  with torch.no_grad():
+    hf_logits = hf(torch.tensor(ids[1:])).logits.numpy()
+  np.testing.assert_allclose(hf_logits, logits(exported)[1:], atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["prompts_path=/nonexistent/prompts.txt"],
+         "RunConfig.prompts_path='/nonexistent/prompts.txt': no such file; give a .txt file"),
+        (["reward_model_path=null", "reward_function=smiles"],
+         "RunConfig.reward_function='smiles' is invalid: unknown reward function 'smiles'; "
+         "choose one of length, count:<token>"),
+        (["reward_function=length"], "RunConfig needs exactly one reward source"),
+        (["reward_model_path=null", "reward_function=count"],
+         "write it as 'count:<token>'"),
+        (["reward_model_path=null", "reward_function=count:zebra"],
+         "'zebra' is not one token of the policy's tokenizer"),
+        (["ppo.learnin_rate=1e-3"], "Did you mean 'learning_rate'?"),
+        (["preset=poetry"], "RunConfig.preset='poetry' is invalid: choose one of"),
+        (["policy_path=/nonexistent"], "RunConfig.policy_path='/nonexistent': no Hugging Face"),
+        (["ppo.num_minibatches=3"], "PPOConfig.batch_size=4 is invalid"),
+        (["save_every=0"], "RunConfig.save_every=0 is invalid: use an int >= 1"),
+    ],
+)
+def test_bad_inputs_get_one_clear_error(files, capsys, tmp_path, overrides, message):
+  status = main(["train", str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}", *overrides])
+  err = capsys.readouterr().err
+  assert status == 2
+  assert message in err, err
+  assert err.startswith("jax-ppo train: error: ")
+  assert not (tmp_path / "run").exists()  # failed before writing anything
+
+
+def test_eval_and_export_errors(files, capsys, tmp_path):
+  assert main(["eval", "--run-dir", str(tmp_path), "--prompts", str(files / "eval.jsonl")]) == 2
+  assert "has no config.yaml; pass the run folder written by `jax-ppo train`" in (
+      capsys.readouterr().err)
+  assert main(["export", "--run-dir", str(files / "missing"), "--out", str(tmp_path)]) == 2
+  assert "has no config.yaml" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    main(["eval", "--prompts", "x.txt"])  # --run-dir is required (argparse)
+
+
+def test_presets_apply_below_the_file_and_the_overrides(files):
+  cfg = run.load_run_config([str(files / "run.yaml"), "preset=creative", "ppo.clip_eps=0.3"])
+  assert cfg.ppo.entropy_coef == 0.05  # from the preset
+  assert cfg.ppo.batch_size == 4  # the file beats the preset (creative: 128)
+  assert cfg.ppo.clip_eps == 0.3  # the command line beats both
+  assert cfg.ppo.learning_rate == 1e-3
