@@ -234,6 +234,7 @@ class RunCheckpointer:
             policies.PreemptionCheckpointingPolicy(),
         ]),
         preservation_policy=policies.AnyPreservationPolicy(keep),
+        save_interval_steps=0 if read_only else 1,  # (the decision policy decides)
         best_fn=best_fn,
         best_mode=best_mode,
         enable_async_checkpointing=async_save,
@@ -356,7 +357,7 @@ class RunCheckpointer:
         force=force,
     )
     if saved:
-      logger.info("checkpoint: saving step %d to %s", step, self.directory)
+      logger.info("Saving the checkpoint of step %d to %s.", step, self.directory)
     return bool(saved)
 
   # ---- restoring -------------------------------------------------------------------------------
