@@ -215,3 +215,37 @@ def test_presets_apply_below_the_file_and_the_overrides(files):
   assert cfg.ppo.batch_size == 4  # the file beats the preset (creative: 128)
   assert cfg.ppo.clip_eps == 0.3  # the command line beats both
   assert cfg.ppo.learning_rate == 1e-3
+
+
+def test_prompt_files_and_builtin_rewards(files, tmp_path):
+  from types import SimpleNamespace
+
+  from jax_ppo.models import load_tokenizer
+
+  tok = load_tokenizer(str(files / "policy"))
+  tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}story"
+  path = tmp_path / "chat.jsonl"
+  path.write_text(json.dumps({"messages": [{"role": "user", "content": "the movie"}]}) + "\n\n"
+                  + json.dumps({"prompt": "a good plot"}) + "\n")
+  data = run.load_prompts(path, tok, seed=3)
+  assert data.prompts == [tok("the movie story")["input_ids"], tok("a good plot")["input_ids"]]
+  assert data.texts == ["the movie story", "a good plot"] and data.seed == 3
+  path.write_text(json.dumps({"text": "x"}) + "\n")
+  with pytest.raises(ValueError, match="chat.jsonl', line 1: expected an object with a "
+                                       "\"prompt\" string"):
+    run.load_prompts(path, tok)
+  (tmp_path / "p.csv").write_text("a\n")
+  with pytest.raises(ValueError, match="--prompts=.*unsupported suffix '.csv'"):
+    run.load_prompts(tmp_path / "p.csv", tok, field="--prompts")
+  (tmp_path / "empty.txt").write_text("\n \n")
+  with pytest.raises(ValueError, match="holds no prompts"):
+    run.load_prompts(tmp_path / "empty.txt", tok)
+
+  good = tok.get_vocab()["good"]
+  response = np.array([[good, 5, good, 0], [3, good, 0, 0]])
+  rollout = SimpleNamespace(prompt_ids=np.ones((2, 2), np.int32),
+                            prompt_mask=np.ones((2, 2), np.int32), response_ids=response,
+                            response_mask=np.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool))
+  assert run.reward_function("count:good", tok)(rollout).tolist() == [2.0, 0.0]
+  assert run.reward_function(f"count:{good}", tok)(rollout).tolist() == [2.0, 0.0]
+  assert run.reward_function("length", tok)(rollout).tolist() == [3.0, 1.0]

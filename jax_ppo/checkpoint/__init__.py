@@ -12,6 +12,7 @@ from jax_ppo.checkpoint.manager import (
     CheckpointError,
     RunCheckpointer,
     abstract_like,
+    check_config,
     config_differences,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "CheckpointError",
     "RunCheckpointer",
     "abstract_like",
+    "check_config",
     "config_differences",
 ]

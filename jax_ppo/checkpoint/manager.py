@@ -97,6 +97,33 @@ def config_differences(
   ]
 
 
+def check_config(
+    saved: Mapping[str, Any],
+    current: Mapping[str, Any],
+    *,
+    where: str,
+    ignore: Sequence[str] = (),
+) -> None:
+  """Raises `CheckpointConfigMismatch` naming every differing field (see `config_differences`).
+
+  Args:
+    saved: the stored configuration (plain dict).
+    current: the configuration of the run being started (plain dict).
+    where: what holds the saved configuration, for the message (e.g. "'runs/a' (step 40)").
+    ignore: dotted keys (or prefixes) allowed to differ.
+  """
+  diffs = config_differences(saved, current, ignore=ignore)
+  if not diffs:
+    return
+  shown = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in diffs[:20])
+  more = f" (and {len(diffs) - 20} more)" if len(diffs) > 20 else ""
+  raise CheckpointConfigMismatch(
+      f"{where} holds a run with a different configuration: {shown}{more}. Resume with the "
+      "saved configuration, or start the new run in another directory; nothing was changed.",
+      diffs,
+  )
+
+
 def _plain_config(config: Any) -> dict[str, Any] | None:
   """A dataclass config or mapping as JSON-round-tripped plain types (None stays None)."""
   if config is None:
@@ -439,16 +466,6 @@ class RunCheckpointer:
 
   def _check_config(self, meta: Mapping[str, Any], step: int) -> None:
     saved = meta.get("config")
-    if saved is None:
-      return
-    diffs = config_differences(saved, self.config, ignore=self.config_ignore)
-    if not diffs:
-      return
-    shown = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in diffs[:20])
-    more = f" (and {len(diffs) - 20} more)" if len(diffs) > 20 else ""
-    raise CheckpointConfigMismatch(
-        f"{str(self.directory)!r} holds checkpoints (latest step {step}) of a run with a "
-        f"different configuration: {shown}{more}. Resume with the saved configuration, or "
-        "start the new run in another directory; nothing was changed.",
-        diffs,
-    )
+    if saved is not None:
+      check_config(saved, self.config, ignore=self.config_ignore,
+                   where=f"{str(self.directory)!r} (checkpoint of step {step})")

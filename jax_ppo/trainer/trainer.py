@@ -49,8 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
-from jax_ppo.config_io import save_config
+from jax_ppo.checkpoint import CheckpointError, RunCheckpointer, check_config
+from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.models.checkpoint import save_pretrained
@@ -288,6 +288,11 @@ class PPOTrainer:
     self.monitor = StabilityMonitor(opts.monitor)
     start = 0
     try:
+      config_file = run_dir / CONFIG_FILENAME
+      if checkpointer.latest_step() is None and config_file.is_file():
+        # A run that stopped before its first checkpoint: its logs belong to that config.
+        check_config(read_config_file(config_file), config_to_dict(self.run_config),
+                     ignore=opts.resume_ignore, where=f"{str(run_dir)!r} ({CONFIG_FILENAME})")
       if checkpointer.latest_step() is not None:
         start = self._restore_from(checkpointer, None)
         logger.info("Resumed %s from step %d.", run_dir, start)

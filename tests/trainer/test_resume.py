@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from jax_ppo.checkpoint import CheckpointConfigMismatch
-from jax_ppo.config_io import load_config
+from jax_ppo.config_io import load_config, save_config
 from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
 from jax_ppo.models.config import ModelConfig
@@ -149,6 +149,13 @@ def test_resuming_with_another_config_names_the_fields_and_keeps_everything(tmp_
   assert [d[0] for d in e.value.differences] == ["learning_rate", "ppo_epochs"]
   after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
   assert after == before  # nothing deleted, truncated or overwritten
+
+  # A run that stopped before its first checkpoint is protected by its config.yaml.
+  (tmp_path / "early").mkdir()
+  save_config(changed, tmp_path / "early")
+  with pytest.raises(CheckpointConfigMismatch, match="config.yaml.*learning_rate"):
+    _trainer(run_dir=tmp_path / "early", run_options=opts)
+  assert load_config(PPOConfig, tmp_path / "early") == changed
 
   # Run options (logging, checkpoint frequency) are not part of the config: they may change.
   with _trainer(run_dir=tmp_path, run_options=RunOptions(save_every=3, progress=False)) as t:
