@@ -19,6 +19,7 @@ imported when an environment is built, never by `jax_ppo.core`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -38,6 +39,11 @@ from jax_ppo.core import (
 )
 
 Array = jax.Array
+
+LOSS_METRICS = (
+    "loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "value_clipfrac"
+)
+"""Per-minibatch loss metrics, averaged over each update's minibatch steps by `train`."""
 
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {"tanh": jnp.tanh, "relu": jax.nn.relu}
 
@@ -325,12 +331,45 @@ def make_env(env_name: str):
         "jax_ppo.control needs gymnax: pip install 'jax_ppo[experiments]' (or [test])."
     ) from e
   env, env_params = gymnax.make(env_name)
+  if not hasattr(env, "is_truncated"):
+    raise ImportError(
+        "jax_ppo.control needs gymnax >= 1.0 (separate `terminated` and `truncated` flags); "
+        f"found gymnax {getattr(gymnax, '__version__', '?')}."
+    )
   if not isinstance(env.action_space(env_params), spaces.Discrete):
     raise ValueError(
         f"PPOConfig.env_name: {env_name!r} has a {type(env.action_space(env_params)).__name__} "
         "action space; this PPO supports Discrete actions only."
     )
   return env, env_params
+
+
+def _batched_resets(env, env_params, key: Array, shape: tuple[int, ...]):
+  """`env.reset_env` for `prod(shape)` keys at once; leaves get leading axes `shape`."""
+  keys = jax.random.split(key, math.prod(shape))
+  obs, state = jax.vmap(env.reset_env, in_axes=(0, None))(keys, env_params)
+  return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), (obs, state))
+
+
+def _auto_reset_step(env, env_params, key_n, state_n, action_n, reset_obs_n, reset_state_n):
+  """One step of `N` environments with auto-reset, as gymnax's `Environment.step` does it,
+  except that the reset states are drawn beforehand (see `_batched_resets`).
+
+  Returns `(obs, state, reward, done)` with `done = terminated | truncated`; where `done`, `obs`
+  and `state` are the reset ones (the episode's final observation is discarded, as PureJaxRL's
+  PPO does: a time-limit truncation is treated as the end of the episode).
+  """
+  obs, state, reward, terminated, _ = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))(
+      key_n, state_n, action_n, env_params
+  )
+  truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(state, env_params)
+  done = jnp.logical_or(terminated, truncated)
+
+  def select(reset_x, x):
+    return jnp.where(done.reshape(done.shape + (1,) * (x.ndim - 1)), reset_x, x)
+
+  obs, state = jax.tree.map(select, (reset_obs_n, reset_state_n), (obs, state))
+  return obs, state, jnp.asarray(reward, jnp.float32), done
 
 
 def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Array]]]:
@@ -377,28 +416,30 @@ def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Arra
         rngs=nnx.Rngs(params=init_key),
     )
     graphdef, params = nnx.split(model)
+    # The parameters stay a pytree of per-layer arrays. (One flat vector would mean fewer, larger
+    # optimizer ops for a single agent, but under `jax.vmap` over seeds its slices become strided
+    # copies, which measured slower.)
     opt_state = tx.init(params)
 
     def apply(p, obs):
       return nnx.merge(graphdef, p)(obs)
 
-    def env_step(carry, _):
-      p, env_state, stats, obs, key = carry
-      key, act_key, step_key = jax.random.split(key, 3)
+    def env_step(carry, xs):
+      p, env_state, stats, obs = carry
+      gumbel_na, step_key_n, reset_obs_n, reset_state_n = xs
       logits_na, value_n = apply(p, obs)
-      action_n = jax.random.categorical(act_key, logits_na).astype(jnp.int32)
+      # Gumbel-max sampling, what `jax.random.categorical` does, with the noise of the whole
+      # rollout drawn in one call before the scan.
+      action_n = jnp.argmax(logits_na + gumbel_na, axis=-1).astype(jnp.int32)
       logprob_n = gather_logprobs(logits_na[None], action_n[None])[0]
-      next_obs, env_state, reward, terminated, truncated, _ = jax.vmap(
-          env.step, in_axes=(0, 0, 0, None)
-      )(jax.random.split(step_key, n_envs), env_state, action_n, env_params)
-      done = jnp.logical_or(terminated, truncated)
-      reward = reward.astype(jnp.float32)
+      next_obs, env_state, reward, done = _auto_reset_step(
+          env, env_params, step_key_n, env_state, action_n, reset_obs_n, reset_state_n
+      )
       stats = update_episode_stats(stats, reward, done)
       transition = Transition(
           obs, action_n, logprob_n, value_n, reward, done, stats.returned_episode_return
       )
-      next_obs = next_obs.reshape(n_envs, obs_dim)
-      return (p, env_state, stats, next_obs, key), transition
+      return (p, env_state, stats, next_obs.reshape(n_envs, obs_dim)), transition
 
     def loss_fn(p, mb):
       obs, action, old_logprob, old_value, advantages, returns = mb  # [1, M, ...]
@@ -415,7 +456,7 @@ def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Arra
       )
       entropy, _ = entropy_bonus(logits, mask)
       loss = pg_loss + config.vf_coef * v_loss - config.ent_coef * entropy
-      metrics = {
+      values = {
           "loss": loss,
           "policy_loss": pg_loss,
           "value_loss": v_loss,
@@ -424,7 +465,8 @@ def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Arra
           "clipfrac": pg_metrics["clipfrac"],
           "value_clipfrac": v_metrics["clipfrac"],
       }
-      return loss, metrics
+      # One [len(LOSS_METRICS)] vector: one scan output to write per minibatch, not seven.
+      return loss, jnp.stack([values[k] for k in LOSS_METRICS])
 
     def minibatch_step(state, mb):
       p, o = state
@@ -432,22 +474,29 @@ def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Arra
       updates, o = tx.update(grads, o, p)
       return (optax.apply_updates(p, updates), o), metrics
 
-    def epoch(carry, _):
-      p, o, batch, key = carry
-      key, perm_key = jax.random.split(key)
+    def epoch(carry, perm_key):
+      p, o, batch = carry
       perm = jax.random.permutation(perm_key, config.batch_size)
       # [B] -> shuffled -> [num_minibatches, 1, minibatch_size, ...]: rank-2 [1, M] rows for core.
       minibatches = jax.tree.map(
           lambda x: jnp.take(x, perm, axis=0).reshape(n_mb, 1, -1, *x.shape[1:]), batch
       )
       (p, o), metrics = jax.lax.scan(minibatch_step, (p, o), minibatches)
-      return (p, o, batch, key), metrics
+      return (p, o, batch), metrics
 
     def update(carry, _):
       p, o, env_state, stats, obs, key, step = carry
-      (p, env_state, stats, obs, key), traj = jax.lax.scan(
-          env_step, (p, env_state, stats, obs, key), None, n_steps
+      key, noise_key, steps_key, reset_key, epoch_key = jax.random.split(key, 5)
+      # All the rollout's randomness in a few batched calls (one threefry each) rather than
+      # several small ones per step: action noise, step keys and a reset state for every step.
+      reset_obs, reset_state = _batched_resets(env, env_params, reset_key, (n_steps, n_envs))
+      xs = (
+          jax.random.gumbel(noise_key, (n_steps, n_envs, num_actions), jnp.float32),
+          jax.random.split(steps_key, (n_steps, n_envs)),
+          reset_obs,
+          reset_state,
       )
+      (p, env_state, stats, obs), traj = jax.lax.scan(env_step, (p, env_state, stats, obs), xs)
       _, last_value = apply(p, obs)
       # The rollout is time-major [T, N]; the core estimators are batch-major [B, T].
       advantages, returns = gae_from_dones(
@@ -468,12 +517,12 @@ def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Arra
           flat(returns),
       )
       lr = learning_rate(step * grad_steps_per_update)  # what Adam uses during this update
-      key, epoch_key = jax.random.split(key)
-      (p, o, _, _), loss_metrics = jax.lax.scan(
-          epoch, (p, o, batch, epoch_key), None, config.update_epochs
+      (p, o, _), loss_metrics = jax.lax.scan(
+          epoch, (p, o, batch), jax.random.split(epoch_key, config.update_epochs)
       )
+      loss_means = jnp.mean(loss_metrics, axis=(0, 1))
+      metrics = {k: loss_means[i] for i, k in enumerate(LOSS_METRICS)}
       done = traj.done
-      metrics = {k: jnp.mean(v) for k, v in loss_metrics.items()}
       metrics.update(
           episode_return_sum=jnp.sum(jnp.where(done, traj.returned_episode_return, 0.0)),
           episodes=jnp.sum(done, dtype=jnp.int32),
