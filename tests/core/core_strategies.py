@@ -49,38 +49,47 @@ def logits_shapes():
 def grid_arrays(shape, *, lo: float = -4.0, hi: float = 4.0, step: float = 0.125):
   """float32 arrays whose entries are multiples of `step` in `[lo, hi]`."""
   n_lo, n_hi = int(round(lo / step)), int(round(hi / step))
-  return hnp.arrays(np.int64, shape, elements=st.integers(n_lo, n_hi)).map(
+  # `fill=st.nothing()` draws every entry: no array made mostly of one repeated value.
+  return hnp.arrays(np.int64, shape, elements=st.integers(n_lo, n_hi), fill=st.nothing()).map(
       lambda a: (a * step).astype(np.float32)
   )
+
+
+ROW_KINDS = ("prefix", "segment", "empty", "single", "full", "random", "holes")
 
 
 @st.composite
 def masks(draw, shape, *, contiguous: bool = False, dtypes=None) -> np.ndarray:
   """`[B, T]` masks of dtype `MASK_DTYPE_OF_SHAPE[shape]`, or drawn from `dtypes`.
 
-  With `contiguous=True` every row's valid tokens form one block (left-, right- or
-  both-side padding, or an empty row), as for real responses.
+  The whole batch is padding (1 in 10 draws), or holds a single valid token (1 in 10), or each
+  row independently is right-padded ("prefix"), padded on both sides ("segment"), empty, a
+  single token, full, random, or random with a hole ("holes": valid, padding, ..., valid). With
+  `contiguous=True` only the first five kinds are used, as for real responses. The structure
+  comes from a drawn seed rather than from Hypothesis' own choices, which favour the simplest
+  masks and would rarely produce holes.
   """
   b, t = shape
-  mode = draw(st.sampled_from(("rows", "rows", "rows", "one_valid", "all_padding")))
+  rng = np.random.default_rng(draw(seeds()))
+  mode = rng.choice(["rows", "one_valid", "all_padding"], p=[0.8, 0.1, 0.1])
   m = np.zeros((b, t), bool)
   if mode == "one_valid":
-    m[draw(st.integers(0, b - 1)), draw(st.integers(0, t - 1))] = True
+    m[rng.integers(b), rng.integers(t)] = True
   elif mode == "rows":
-    kinds = ["prefix", "segment", "empty", "single", "full"]
-    if not contiguous:
-      kinds.append("random")
+    kinds = ROW_KINDS[:5] if contiguous else ROW_KINDS
     for row in range(b):
-      kind = draw(st.sampled_from(kinds))
-      if kind == "random":
-        m[row] = draw(hnp.arrays(np.bool_, (t,)))
+      kind = rng.choice(kinds)
+      if kind in ("random", "holes"):
+        m[row] = rng.random(t) < 0.5
+        if kind == "holes" and t >= 3:
+          m[row, 0], m[row, 1], m[row, -1] = True, False, True
       elif kind == "prefix":
-        m[row, : draw(st.integers(0, t))] = True
+        m[row, : rng.integers(t + 1)] = True
       elif kind == "segment":
-        start = draw(st.integers(0, t))
-        m[row, start : draw(st.integers(start, t))] = True
+        start = rng.integers(t + 1)
+        m[row, start : rng.integers(start, t + 1)] = True
       elif kind == "single":
-        m[row, draw(st.integers(0, t - 1))] = True
+        m[row, rng.integers(t)] = True
       elif kind == "full":
         m[row] = True
   if dtypes is None:
@@ -91,7 +100,7 @@ def masks(draw, shape, *, contiguous: bool = False, dtypes=None) -> np.ndarray:
 def junk(shape, *, nonfinite: bool = True):
   """float32 arrays of values that must never matter (NaN, inf, huge)."""
   pool = NONFINITE_JUNK if nonfinite else FINITE_JUNK
-  return hnp.arrays(np.float32, shape, elements=st.sampled_from(pool))
+  return hnp.arrays(np.float32, shape, elements=st.sampled_from(pool), fill=st.nothing())
 
 
 def fill_masked(x: np.ndarray, mask: np.ndarray, fill: np.ndarray) -> np.ndarray:
