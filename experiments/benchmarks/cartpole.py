@@ -225,6 +225,13 @@ def main() -> None:
   if args.purejaxrl:
     pjrl, provenance = load_purejaxrl(args.purejaxrl)
 
+  # Warm-up, untimed: one tiny run of each starts the backend and fills JAX's tracing caches,
+  # so that neither implementation pays those one-off costs for the other.
+  tiny = config.batch_size
+  bench_jax_ppo(dataclasses.replace(config, total_timesteps=tiny), 1, 1)
+  if pjrl is not None:
+    bench_purejaxrl(pjrl, dict(pjrl_config, TOTAL_TIMESTEPS=float(tiny)), 1, 1)
+
   runs = []
   for rep in range(args.repeats):
     for n in args.seeds:
@@ -233,6 +240,8 @@ def main() -> None:
         impls.append(
             ("purejaxrl", lambda n=n: bench_purejaxrl(pjrl, pjrl_config, n, args.last_updates))
         )
+      if rep % 2:
+        impls.reverse()  # Alternate the order between repeats.
       for name, fn in impls:
         r = fn()
         r.update(impl=name, seeds=n, repeat=rep)
