@@ -8,6 +8,8 @@ groups of `group_size` rows are samples of the same prompt.
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -153,10 +155,20 @@ def reinforce_plus_plus_advantages(
   return masked_whiten(returns_to_go, mask, eps=eps)
 
 
+def _group_size(group_size) -> int:
+  """`group_size` as a Python int (NumPy integers accepted), or a ValueError naming it."""
+  try:
+    size = operator.index(group_size)
+  except TypeError:
+    raise ValueError(f"`group_size` must be a positive int, got {group_size!r}.") from None
+  if size < 1:
+    raise ValueError(f"`group_size` must be a positive int, got {group_size!r}.")
+  return size
+
+
 def _grouped(scores: Array, group_size: int) -> Array:
   _checks.check_rank("scores", scores, 1, "[B]")
-  if not isinstance(group_size, int) or group_size < 1:
-    raise ValueError(f"`group_size` must be a positive int, got {group_size!r}.")
+  group_size = _group_size(group_size)
   batch = _checks.shape_of(scores)[0]
   if batch % group_size:
     raise ValueError(
@@ -219,7 +231,8 @@ def rloo_advantages(scores: Array, group_size: int) -> Array:
   Returns:
     `[B]` float32 advantages.
   """
-  if isinstance(group_size, int) and group_size < 2:
+  group_size = _group_size(group_size)
+  if group_size < 2:
     raise ValueError(f"`group_size` must be >= 2 for leave-one-out baselines, got {group_size}.")
   groups = _grouped(scores, group_size)
   others = (jnp.sum(groups, axis=1, keepdims=True) - groups) / (group_size - 1)
