@@ -319,6 +319,11 @@ class PPOTrainer:
   ) -> int:
     """Restores state and data position (and the monitor) from a checkpoint; returns its step."""
     state, extra = checkpointer.restore(step, like=self.state)
+    if "data_position" not in extra:
+      raise CheckpointError(
+          f"The checkpoint in {str(checkpointer.directory)!r} has no data position: it was not "
+          "written by a PPOTrainer; restore it with RunCheckpointer.restore instead."
+      )
     self.state = state
     self.data_position = int(extra["data_position"])
     if monitor:
@@ -428,7 +433,10 @@ class PPOTrainer:
             "rollback/count": float(self.rollbacks)}
 
   def close(self) -> None:
-    """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent."""
+    """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent.
+
+    The trainer can still train afterwards, without logging or checkpointing.
+    """
     checkpointer, self.checkpointer = self.checkpointer, None
     run_logger, self.logger = self.logger, None
     bar, self._bar = self._bar, None
