@@ -18,6 +18,7 @@ from jax_ppo.control import (
     return_curve,
     update_episode_stats,
 )
+from jax_ppo.control import ppo as ppo_module
 
 # A uniformly random policy lasts about 22 steps on CartPole-v1 (reward 1 per step).
 RANDOM_POLICY_RETURN = 22.0
@@ -122,6 +123,36 @@ def test_return_curve_is_a_trailing_window_over_completed_episodes():
   assert return_curve(metrics, window=3)[-1] == final_return(metrics, last_updates=3)
   with pytest.raises(ValueError, match="window"):
     return_curve(metrics, window=0)
+
+
+def test_auto_reset_step_matches_gymnax_step():
+  # With the reset state drawn from the key gymnax's own `step` would use, the pre-drawn-reset
+  # step gives the same observation, state, reward and done flag, including at episode ends.
+  env, params = ppo_module.make_env("CartPole-v1")
+  _, state = env.reset(jax.random.key(1), params)
+
+  @jax.jit
+  def both(key, state, action):
+    obs_ref, state_ref, reward_ref, terminated, truncated, _ = env.step(key, state, action, params)
+    key_step, key_reset = jax.random.split(key)
+    reset_obs, reset_state = env.reset_env(key_reset, params)
+    add_axis = lambda tree: jax.tree.map(lambda x: jnp.asarray(x)[None], tree)
+    obs, new_state, reward, done = ppo_module._auto_reset_step(
+        env, params, key_step[None], add_axis(state), action[None], add_axis(reset_obs),
+        add_axis(reset_state),
+    )
+    ref = (obs_ref, state_ref, reward_ref, terminated | truncated)
+    return ref, jax.tree.map(lambda x: x[0], (obs, new_state, reward, done))
+
+  key = jax.random.key(2)
+  dones = 0
+  for _ in range(120):  # Always pushing right ends an episode every ~10 steps.
+    key, k = jax.random.split(key)
+    ref, ours = both(k, state, jnp.int32(1))
+    jax.tree.map(np.testing.assert_array_equal, ours, ref)
+    dones += int(ref[3])
+    state = ref[1]
+  assert dones >= 5
 
 
 @pytest.fixture(scope="module")
