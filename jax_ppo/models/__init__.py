@@ -1,7 +1,9 @@
 """jax_ppo.models: decoder-only language models in Flax NNX, loaded from Hugging Face folders.
 
-Families: GPT-2, Llama 2 / 3.x (rope_scaling "llama3", grouped-query attention), Mistral,
-Qwen2 / Qwen2.5 (q/k/v biases), Qwen3 (q/k RMSNorm, free head_dim); tied or untied embeddings.
+Families: GPT-2, Llama 2 / 3.x (rope_scaling "llama3", grouped-query attention), Mistral
+(sliding window), Qwen2 / Qwen2.5 (q/k/v biases), Qwen3 (q/k RMSNorm, free head_dim), Gemma 2
+(scaled embeddings, `1 + w` and sandwich norms, attention and final logit soft-capping, alternating
+sliding windows); tied or untied embeddings. Not supported: Gemma 3 (per-layer RoPE bases).
 Hyperparameters come from `transformers.AutoConfig.from_pretrained(path)` (local files only,
 never remote code); weights from safetensors files, read one tensor at a time.
 

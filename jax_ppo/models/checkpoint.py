@@ -89,7 +89,12 @@ def _trunk_specs(config: ModelConfig, prefix: str) -> list[TensorSpec]:
   for i in range(c.num_layers):
     h = f"layers.{i}."
     add(h + "input_layernorm.weight", lay("attn_norm", "scale"), layer=i)
-    add(h + "post_attention_layernorm.weight", lay("mlp_norm", "scale"), layer=i)
+    if c.sandwich_norms:  # Gemma 2: post-attention, pre- and post-feedforward norms.
+      add(h + "post_attention_layernorm.weight", lay("post_attn_norm", "scale"), layer=i)
+      add(h + "pre_feedforward_layernorm.weight", lay("mlp_norm", "scale"), layer=i)
+      add(h + "post_feedforward_layernorm.weight", lay("post_mlp_norm", "scale"), layer=i)
+    else:
+      add(h + "post_attention_layernorm.weight", lay("mlp_norm", "scale"), layer=i)
     for proj, bias in (("q", c.qkv_bias), ("k", c.qkv_bias), ("v", c.qkv_bias), ("o", c.out_bias)):
       add(h + f"self_attn.{proj}_proj.weight", lay(proj, "kernel"), layer=i, t=True)
       if bias:

@@ -1,8 +1,9 @@
 """Architecture hyperparameters of the supported decoder families, read from transformers' configs.
 
 One frozen `ModelConfig` describes every supported family (GPT-2, Llama 2/3.x, Mistral, Qwen2/2.5,
-Qwen3): the differences between them are a handful of switches (norm type, gated MLP, learned or
-rotary positions, biases, q/k norms, tied embeddings, sliding windows). `config_from_hf` reads a
+Qwen3, Gemma 2): the differences between them are a handful of switches (norm type, gated MLP,
+learned or rotary positions, biases, q/k norms, tied embeddings, sliding windows, and Gemma 2's
+scaled embeddings, `1 + w` norms, sandwich norms and logit soft-capping). `config_from_hf` reads a
 `transformers.PretrainedConfig` (from `AutoConfig.from_pretrained(path)`, never with
 `trust_remote_code`) and `config_to_hf` writes one back for `save_pretrained`.
 """
@@ -16,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("gemma2", "gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish")
 
 _ARCHITECTURES = {
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2ForSequenceClassification"),
     "gpt2": ("GPT2LMHeadModel", "GPT2ForSequenceClassification"),
     "llama": ("LlamaForCausalLM", "LlamaForSequenceClassification"),
     "mistral": ("MistralForCausalLM", "MistralForSequenceClassification"),
@@ -90,6 +92,11 @@ class ModelConfig:
   tie_word_embeddings: bool = True  # lm_head shares the embedding table.
   sliding_window: int | None = None  # Keys with position <= query position - window are hidden.
   sliding_layers: tuple[bool, ...] | None = None  # Per layer: uses the window; None means all.
+  embed_scale: float | None = None  # Embeddings multiplied by this (Gemma: sqrt(D)); None: 1.
+  norm_offset: float = 0.0  # RMSNorm scale is `offset + w` (Gemma: 1, with w initialised at 0).
+  sandwich_norms: bool = False  # Extra norms on the attention and MLP outputs (Gemma 2).
+  attn_softcap: float | None = None  # Scores become `c * tanh(scores / c)` (Gemma 2).
+  final_softcap: float | None = None  # Logits become `c * tanh(logits / c)` (Gemma 2).
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()  # Every EOS id (Llama 3 instruct models list several).
   pad_token_id: int | None = None
@@ -123,6 +130,10 @@ class ModelConfig:
       raise ValueError(f"norm_eps must be > 0, got {self.norm_eps}.")
     if self.sliding_window is not None and self.sliding_window <= 0:
       raise ValueError(f"sliding_window must be a positive int or None, got {self.sliding_window}.")
+    for name in ("attn_softcap", "final_softcap", "embed_scale"):
+      value = getattr(self, name)
+      if value is not None and not value > 0:
+        raise ValueError(f"ModelConfig.{name} must be > 0 or None, got {value}.")
     if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
       raise ValueError(
           f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} layers."
@@ -259,6 +270,34 @@ def config_from_hf(hf: Any) -> ModelConfig:
     )
   theta, scaling = _rope_from_hf(hf)
   heads = hf.num_attention_heads
+  if model_type == "gemma2":
+    layer_types = getattr(hf, "layer_types", None)
+    return ModelConfig(
+        **common,
+        hidden_size=hf.hidden_size,
+        intermediate_size=hf.intermediate_size,
+        num_layers=hf.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        head_dim=hf.head_dim,
+        max_position_embeddings=hf.max_position_embeddings,
+        norm_type="rms",
+        norm_eps=hf.rms_norm_eps,
+        activation=hf.hidden_activation,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=bool(getattr(hf, "attention_bias", False)),
+        out_bias=bool(getattr(hf, "attention_bias", False)),
+        attention_scale=float(hf.query_pre_attn_scalar) ** -0.5,
+        sliding_window=getattr(hf, "sliding_window", None),
+        sliding_layers=(None if layer_types is None
+                        else tuple(t == "sliding_attention" for t in layer_types)),
+        embed_scale=float(hf.hidden_size) ** 0.5,
+        norm_offset=1.0,
+        sandwich_norms=True,
+        attn_softcap=getattr(hf, "attn_logit_softcapping", None),
+        final_softcap=getattr(hf, "final_logit_softcapping", None),
+    )
   head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
   attention_bias = bool(getattr(hf, "attention_bias", False))
   sliding_window = getattr(hf, "sliding_window", None)
@@ -305,6 +344,10 @@ def load_hf_config(path: str) -> Any:
   )
 
 
+def _maybe_int(x: float) -> float | int:
+  return round(x) if abs(x - round(x)) < 1e-6 * max(1.0, abs(x)) else x
+
+
 def config_to_hf(config: ModelConfig, *, sequence_classification: bool = False) -> Any:
   """A transformers config that rebuilds `config` (for `save_pretrained`).
 
@@ -324,7 +367,32 @@ def config_to_hf(config: ModelConfig, *, sequence_classification: bool = False) 
       pad_token_id=config.pad_token_id,
       tie_word_embeddings=config.tie_word_embeddings,
   )
-  if config.model_type == "gpt2":
+  if config.model_type == "gemma2":
+    base.pop("rope_scaling", None)
+    base.pop("rope_theta", None)
+    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
+    if config.rope_scaling is not None:
+      rope.update(dataclasses.asdict(config.rope_scaling))
+    fields.update(
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.norm_eps,
+        hidden_activation=config.activation,
+        rope_parameters=rope,
+        attention_bias=config.qkv_bias,
+        query_pre_attn_scalar=_maybe_int(config.query_scale**-2),
+        sliding_window=config.sliding_window,
+        layer_types=(None if config.sliding_layers is None else [
+            "sliding_attention" if s else "full_attention" for s in config.sliding_layers]),
+        attn_logit_softcapping=config.attn_softcap,
+        final_logit_softcapping=config.final_softcap,
+    )
+  elif config.model_type == "gpt2":
     fields.update(
         n_embd=config.hidden_size,
         n_inner=config.intermediate_size,

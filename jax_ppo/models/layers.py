@@ -111,7 +111,11 @@ class Linear(nnx.Module):
 class Norm(nnx.Module):
   r"""RMSNorm (:math:`x / \sqrt{\overline{x^2} + \epsilon} \cdot g`, Zhang & Sennrich 2019) or
   LayerNorm (:math:`(x - \bar x) / \sqrt{\mathrm{Var}\,x + \epsilon} \cdot g + b`), over the last
-  axis, computed in float32 and returned in the compute dtype (as transformers does)."""
+  axis, computed in float32 and returned in the compute dtype (as transformers does).
+
+  With `offset` (Gemma: 1) the RMSNorm gain is :math:`g = \text{offset} + w`, `w` starting at 0,
+  and the product is taken in float32 before the cast (Gemma's order).
+  """
 
   def __init__(
       self,
@@ -119,14 +123,16 @@ class Norm(nnx.Module):
       *,
       kind: str,
       eps: float,
+      offset: float = 0.0,
       stack: tuple[int, ...] = (),
       dtype=jnp.float32,
       param_dtype=jnp.float32,
   ):
     self.kind = kind
     self.eps = eps
+    self.offset = offset
     self.dtype = dtype
-    self.scale = nnx.Param(jnp.ones((*stack, features), param_dtype))
+    self.scale = nnx.Param(jnp.full((*stack, features), 1.0 - offset, param_dtype))
     self.bias = nnx.data(
         nnx.Param(jnp.zeros((*stack, features), param_dtype)) if kind == "layer" else None
     )
@@ -137,6 +143,8 @@ class Norm(nnx.Module):
       x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
     y = x32 * jax.lax.rsqrt(var + self.eps)
+    if self.kind == "rms" and self.offset:
+      return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(self.dtype)
     if self.kind == "rms":
       # transformers casts back to the input dtype before the scale (Llama, Qwen).
       return (self.scale[...].astype(self.dtype) * y.astype(self.dtype)).astype(self.dtype)
@@ -193,7 +201,9 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
   return out.astype(x.dtype)
 
 
-def attention(q: Array, k: Array, v: Array, mask: Array, *, scale: float) -> Array:
+def attention(
+    q: Array, k: Array, v: Array, mask: Array, *, scale: float, softcap: float | None = None
+) -> Array:
   r"""Grouped-query attention :math:`\mathrm{softmax}(s\, q k^\top + \text{mask})\, v`.
 
   Keys and values are never repeated over the query groups: queries are viewed as
@@ -207,6 +217,7 @@ def attention(q: Array, k: Array, v: Array, mask: Array, *, scale: float) -> Arr
     v: `[B, T, K, Dh]` values.
     mask: `[B, S, T]` bool, True where query `s` may attend to key `t`.
     scale: multiplier of the scores (usually `Dh ** -0.5`).
+    softcap: if set, scores become `softcap * tanh(scores / softcap)` before masking (Gemma 2).
 
   Returns:
     `[B, S, H, Dh]` in the dtype of `v`.
@@ -215,6 +226,8 @@ def attention(q: Array, k: Array, v: Array, mask: Array, *, scale: float) -> Arr
   kv_heads = k.shape[2]
   q = (q * jnp.asarray(scale, q.dtype)).reshape(b, s, kv_heads, h // kv_heads, dh)
   scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+  if softcap is not None:
+    scores = softcap * jnp.tanh(scores / softcap)
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgst,btkd->bskgd", probs, v)

@@ -111,7 +111,7 @@ class Block(nnx.Module):
   ):
     c = config
     d = c.hidden_size
-    norm = dict(kind=c.norm_type, eps=c.norm_eps, stack=stack, dtype=dtype,
+    norm = dict(kind=c.norm_type, eps=c.norm_eps, offset=c.norm_offset, stack=stack, dtype=dtype,
                 param_dtype=param_dtype)
     lin = dict(stack=stack, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.config = config
@@ -128,6 +128,12 @@ class Block(nnx.Module):
       self.q_norm = nnx.data(None)
       self.k_norm = nnx.data(None)
     self.mlp_norm = Norm(d, **norm)
+    if c.sandwich_norms:
+      self.post_attn_norm = nnx.data(Norm(d, **norm))
+      self.post_mlp_norm = nnx.data(Norm(d, **norm))
+    else:
+      self.post_attn_norm = nnx.data(None)
+      self.post_mlp_norm = nnx.data(None)
     if c.gated_mlp:
       self.gate = nnx.data(Linear(d, c.intermediate_size, use_bias=c.mlp_bias, **lin))
     else:
@@ -159,8 +165,14 @@ class Block(nnx.Module):
   def finish(self, h: Array, attn_out: Array, *, use_lora: bool) -> Array:
     """Residual adds of the attention output `[B, S, H, Dh]` and of the MLP; returns new `h`."""
     b, s = attn_out.shape[:2]
-    h = h + self.o(attn_out.reshape(b, s, -1), use_lora=use_lora).astype(h.dtype)
-    return h + self.mlp(self.mlp_norm(h), use_lora=use_lora).astype(h.dtype)
+    out = self.o(attn_out.reshape(b, s, -1), use_lora=use_lora)
+    if self.post_attn_norm is not None:
+      out = self.post_attn_norm(out)
+    h = h + out.astype(h.dtype)
+    out = self.mlp(self.mlp_norm(h), use_lora=use_lora)
+    if self.post_mlp_norm is not None:
+      out = self.post_mlp_norm(out)
+    return h + out.astype(h.dtype)
 
 
 class Decoder(nnx.Module):
@@ -203,14 +215,16 @@ class Decoder(nnx.Module):
         config, stack=(config.num_layers,), dtype=dtype, param_dtype=param_dtype, rngs=rngs
     )
     self.final_norm = Norm(
-        config.hidden_size, kind=config.norm_type, eps=config.norm_eps, dtype=dtype,
-        param_dtype=param_dtype,
+        config.hidden_size, kind=config.norm_type, eps=config.norm_eps, offset=config.norm_offset,
+        dtype=dtype, param_dtype=param_dtype,
     )
 
   # -- shared pieces ------------------------------------------------------------------------------
 
   def _embed(self, input_ids: Array, positions: Array) -> Array:
     h = self.embed(input_ids)
+    if self.config.embed_scale is not None:
+      h = h * jnp.asarray(self.config.embed_scale, h.dtype)
     if self.pos_embed is not None:
       h = h + self.pos_embed(positions)
     return h
@@ -298,7 +312,8 @@ class Decoder(nnx.Module):
       del i
       q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
       mask = base_mask if window is None else base_mask & (distance < window)
-      out = attention(q, k, v, mask, scale=self.config.query_scale)
+      out = attention(q, k, v, mask, scale=self.config.query_scale,
+                      softcap=self.config.attn_softcap)
       h = layer.finish(h, out, use_lora=use_lora)
       return h, ((k, v) if return_kv else None)
 
@@ -379,7 +394,8 @@ class Decoder(nnx.Module):
       k_l = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(q.dtype)
       v_l = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(q.dtype)
       att_mask = base_mask if window is None else base_mask & (distance < window)
-      out = attention(q, k_l, v_l, att_mask, scale=self.config.query_scale)
+      out = attention(q, k_l, v_l, att_mask, scale=self.config.query_scale,
+                      softcap=self.config.attn_softcap)
       return (layer.finish(h, out, use_lora=use_lora), k_all, v_all), None
 
     (h, k_all, v_all), _ = self._run_layers(body, (h, cache.k, cache.v))
@@ -435,8 +451,13 @@ class CausalLM(nnx.Module):
   def logits_from_hidden(self, h: Array) -> Array:
     """`h` `[..., D]` final hidden states -> logits `[..., V]` in the compute dtype."""
     if self.lm_head is None:
-      return self.decoder.embed.attend(h)
-    return self.lm_head(h, use_lora=False)
+      logits = self.decoder.embed.attend(h)
+    else:
+      logits = self.lm_head(h, use_lora=False)
+    cap = self.config.final_softcap
+    if cap is not None:
+      logits = (cap * jnp.tanh(logits.astype(jnp.float32) / cap)).astype(logits.dtype)
+    return logits
 
   def hidden_states(
       self,

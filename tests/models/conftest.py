@@ -16,6 +16,13 @@ VOCAB = 160
 
 # name -> (transformers config class name, kwargs)
 FAMILIES = {
+    "gemma2": (
+        "Gemma2Config",
+        dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+             query_pre_attn_scalar=12, sliding_window=4, attn_logit_softcapping=3.0,
+             final_logit_softcapping=2.0),
+    ),
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
     "gpt2_untied": (
         "GPT2Config",

@@ -15,7 +15,7 @@ from tests.models.conftest import jit_logits, left_padded_batch
 
 pytest.importorskip("torch", reason="the tiny checkpoints are built with transformers' PyTorch")
 
-FAMILIES = ["gpt2", "llama3_gqa_tied", "mistral_window", "qwen2_window_untied", "qwen3"]
+FAMILIES = ["gemma2", "gpt2", "llama3_gqa_tied", "mistral_window", "qwen2_window_untied", "qwen3"]
 
 
 def _continuations(batch, steps, seed=1):
