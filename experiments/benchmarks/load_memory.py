@@ -2,8 +2,10 @@
 
 Writes a random Llama-shaped fp32 safetensors checkpoint (sharded, written shard by shard so
 this parent process stays small) to a temporary folder, then loads it with `from_pretrained` in
-a fresh subprocess and reports that subprocess's peak RSS (`ru_maxrss`), its RSS after importing
-jax_ppo (the baseline), and both divided by the checkpoint's bytes. A loader that keeps one copy
+a fresh subprocess and reports that subprocess's peak RSS (`ru_maxrss`), its RSS once jax_ppo is
+imported, the XLA runtime started and transformers' config machinery imported (the baseline:
+`AutoConfig` imports torch when it is installed, ~250 MB that do not grow with the model), and
+both divided by the checkpoint's bytes. A loader that keeps one copy
 of the weights scores about 1.0 on `(peak - baseline) / checkpoint bytes`.
 
     python experiments/benchmarks/load_memory.py --json /tmp/load_memory.json
@@ -28,14 +30,16 @@ CHILD = textwrap.dedent("""
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS"))
     imports = rss_kb()
     jax.jit(lambda x: x + 1)(jnp.zeros(8)).block_until_ready()  # Start the runtime.
+    runtime = rss_kb()
+    models.load_config(sys.argv[1])  # transformers' config import (it imports torch if present).
     base = rss_kb()
     t0 = time.perf_counter()
     model = models.from_pretrained(sys.argv[1], dtype={dtype})
     jax.block_until_ready(jax.tree.leaves(model))
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps(dict(imports_kb=imports, baseline_kb=base, peak_kb=peak, after_kb=rss_kb(),
-                          seconds=seconds)))
+    print(json.dumps(dict(imports_kb=imports, runtime_kb=runtime, baseline_kb=base, peak_kb=peak,
+                          after_kb=rss_kb(), seconds=seconds)))
 """)
 
 
@@ -124,7 +128,8 @@ def main(argv=None):
     run["peak_minus_baseline_over_loaded_weights"] = (peak - base) / target
     results["runs"][dtype] = run
     print(f"load as {dtype:<9}: {run['seconds']:.1f} s, peak RSS {peak / 2**30:.2f} GiB, "
-          f"baseline {base / 2**30:.2f} GiB; (peak - baseline) / checkpoint = "
+          f"baseline {base / 2**30:.2f} GiB (jax runtime alone {run['runtime_kb'] / 2**20:.2f}); "
+          f"(peak - baseline) / checkpoint = "
           f"{run['peak_minus_baseline_over_checkpoint']:.2f}, / loaded weights = "
           f"{run['peak_minus_baseline_over_loaded_weights']:.2f}")
   if args.json:
