@@ -16,7 +16,8 @@ from jax_ppo.rollout import sampling
 logits_strategy = hnp.arrays(
     np.float32,
     hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=12),
-    elements=st.floats(-20, 20, width=32),
+    # XLA on CPU flushes subnormals to zero, so a subnormal logit ties with 0 there.
+    elements=st.floats(-20, 20, width=32, allow_subnormal=False),
 )
 
 
