@@ -7,6 +7,7 @@ runs many more examples for a local bug hunt. Select one with `HYPOTHESIS_PROFIL
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -25,3 +26,27 @@ settings.register_profile(
     derandomize=False,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "jax_ppo"))
+
+
+@pytest.fixture(scope="module")
+def persistent_compilation_cache(tmp_path_factory):
+  """A persistent compilation cache for one test module (restored afterwards).
+
+  Modules that build many trainers with identical programs opt in with
+  `pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")`: later trainers load
+  their compiled programs from the cache instead of recompiling them.
+  """
+  import jax
+  from jax.experimental.compilation_cache import compilation_cache as cc
+
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update(keys[0], str(tmp_path_factory.mktemp("jax_cache")))
+  jax.config.update(keys[1], 0.0)
+  jax.config.update(keys[2], 0)
+  cc.reset_cache()
+  yield
+  for k, v in old.items():
+    jax.config.update(k, v)
+  cc.reset_cache()

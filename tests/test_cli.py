@@ -26,22 +26,7 @@ PROMPTS = ["the movie was", "I liked the plot and", "the actor is", "it was real
            "a story", "the film is not", "I hated it but", "a very long"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent compilation cache for this module (restored afterwards)."""
-  from jax.experimental.compilation_cache import compilation_cache as cc
-
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update(keys[0], str(tmp_path_factory.mktemp("jax_cache")))
-  jax.config.update(keys[1], 0.0)
-  jax.config.update(keys[2], 0)
-  cc.reset_cache()
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
-  cc.reset_cache()
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 
 def _tokenizer():
