@@ -367,32 +367,7 @@ def config_to_hf(config: ModelConfig, *, sequence_classification: bool = False) 
       pad_token_id=config.pad_token_id,
       tie_word_embeddings=config.tie_word_embeddings,
   )
-  if config.model_type == "gemma2":
-    base.pop("rope_scaling", None)
-    base.pop("rope_theta", None)
-    rope = {"rope_type": "default", "rope_theta": config.rope_theta}
-    if config.rope_scaling is not None:
-      rope.update(dataclasses.asdict(config.rope_scaling))
-    fields.update(
-        hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads,
-        head_dim=config.head_dim,
-        max_position_embeddings=config.max_position_embeddings,
-        rms_norm_eps=config.norm_eps,
-        hidden_activation=config.activation,
-        rope_parameters=rope,
-        attention_bias=config.qkv_bias,
-        query_pre_attn_scalar=_maybe_int(config.query_scale**-2),
-        sliding_window=config.sliding_window,
-        layer_types=(None if config.sliding_layers is None else [
-            "sliding_attention" if s else "full_attention" for s in config.sliding_layers]),
-        attn_logit_softcapping=config.attn_softcap,
-        final_logit_softcapping=config.final_softcap,
-    )
-  elif config.model_type == "gpt2":
+  if config.model_type == "gpt2":
     fields.update(
         n_embd=config.hidden_size,
         n_inner=config.intermediate_size,
@@ -403,10 +378,11 @@ def config_to_hf(config: ModelConfig, *, sequence_classification: bool = False) 
         activation_function=config.activation,
         scale_attn_weights=config.attention_scale is None,
     )
-  else:
+  else:  # The rotary families share their architecture fields.
     rope = {"rope_type": "default", "rope_theta": config.rope_theta}
     if config.rope_scaling is not None:
       rope.update(dataclasses.asdict(config.rope_scaling))
+    activation_key = "hidden_activation" if config.model_type == "gemma2" else "hidden_act"
     fields.update(
         hidden_size=config.hidden_size,
         intermediate_size=config.intermediate_size,
@@ -416,11 +392,21 @@ def config_to_hf(config: ModelConfig, *, sequence_classification: bool = False) 
         head_dim=config.head_dim,
         max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.norm_eps,
-        hidden_act=config.activation,
         rope_parameters=rope,
+        **{activation_key: config.activation},
     )
     base.pop("rope_scaling", None)
     base.pop("rope_theta", None)
+    if config.model_type == "gemma2":
+      fields.update(
+          attention_bias=config.qkv_bias,
+          query_pre_attn_scalar=_maybe_int(config.query_scale**-2),
+          sliding_window=config.sliding_window,
+          layer_types=(None if config.sliding_layers is None else [
+              "sliding_attention" if s else "full_attention" for s in config.sliding_layers]),
+          attn_logit_softcapping=config.attn_softcap,
+          final_logit_softcapping=config.final_softcap,
+      )
     if config.model_type in ("llama", "qwen3"):
       fields["attention_bias"] = config.qkv_bias
     if config.model_type == "llama":
