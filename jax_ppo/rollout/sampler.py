@@ -22,7 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jax_ppo.core import gather_logprobs, position_ids_from_mask
+from jax_ppo.core import (
+    gather_logprobs,
+    position_ids_from_mask,
+    response_mask_from_stop_tokens,
+)
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -188,8 +192,8 @@ def generate(
   _, _, done, _, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
 
   # Recomputing the mask from the tokens gives exactly "through the first stop token".
+  response_mask = response_mask_from_stop_tokens(tokens, stop_ids)
   hits = jnp.isin(tokens, stop_ids)
-  response_mask = (jnp.cumsum(hits, axis=1) - hits) == 0
   prompt_ids = jnp.repeat(input_ids, n, axis=0).astype(jnp.int32)
   prompt_mask = jnp.repeat(attention_mask, n, axis=0).astype(jnp.int32)
   full_mask = jnp.concatenate([prompt_mask, response_mask.astype(jnp.int32)], axis=1)
