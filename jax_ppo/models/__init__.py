@@ -37,7 +37,7 @@ Generation: prefill + single-step decode with a preallocated KV cache
     logits_bv, cache = model.decode_step(token_ids_b, cache, valid=alive_b)
 
 - `KVCache` (a NamedTuple pytree, usable as a `lax.while_loop` carry and donatable):
-  `k`, `v` `[L, B, T, K, Dh]`; `mask` `[B, T]` bool (slot holds an attendable token);
+  `k`, `v` `[L, B, K, T, Dh]` (head-major); `mask` `[B, T]` bool (slot holds an attendable token);
   `slot_positions` `[B, T]` int32; `positions` `[B]` int32 (position id of the row's next
   token = its number of valid tokens); `index` `[]` int32 (next slot to write, shared by all rows).
 - `prefill(input_ids [B, S], attention_mask [B, S], cache, *, all_logits=False,

@@ -202,7 +202,14 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 def attention(
-    q: Array, k: Array, v: Array, mask: Array, *, scale: float, softcap: float | None = None
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array,
+    *,
+    scale: float,
+    softcap: float | None = None,
+    heads_first: bool = False,
 ) -> Array:
   r"""Grouped-query attention :math:`\mathrm{softmax}(s\, q k^\top + \text{mask})\, v`.
 
@@ -213,22 +220,25 @@ def attention(
 
   Args:
     q: `[B, S, H, Dh]` queries.
-    k: `[B, T, K, Dh]` keys, `K` dividing `H`.
-    v: `[B, T, K, Dh]` values.
+    k: `[B, T, K, Dh]` keys, `K` dividing `H` (`[B, K, T, Dh]` with `heads_first`).
+    v: `[B, T, K, Dh]` values (`[B, K, T, Dh]` with `heads_first`).
     mask: `[B, S, T]` bool, True where query `s` may attend to key `t`.
     scale: multiplier of the scores (usually `Dh ** -0.5`).
     softcap: if set, scores become `softcap * tanh(scores / softcap)` before masking (Gemma 2).
+    heads_first: keys and values are laid out `[B, K, T, Dh]` (the KV cache's layout: each
+      head's keys are contiguous, so both contractions are plain batched matmuls).
 
   Returns:
     `[B, S, H, Dh]` in the dtype of `v`.
   """
   b, s, h, dh = q.shape
-  kv_heads = k.shape[2]
+  kv_heads = k.shape[1 if heads_first else 2]
+  kv = "bktd" if heads_first else "btkd"
   q = (q * jnp.asarray(scale, q.dtype)).reshape(b, s, kv_heads, h // kv_heads, dh)
-  scores = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.einsum(f"bskgd,{kv}->bkgst", q, k, preferred_element_type=jnp.float32)
   if softcap is not None:
     scores = softcap * jnp.tanh(scores / softcap)
   scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgst,btkd->bskgd", probs, v)
+  out = jnp.einsum(f"bkgst,{kv}->bskgd", probs, v)
   return out.reshape(b, s, h, dh)

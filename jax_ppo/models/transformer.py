@@ -57,8 +57,9 @@ class KVCache(NamedTuple):
   positions. With `T = max_length`:
 
   Attributes:
-    k: `[L, B, T, K, Dh]` keys after RoPE (and q/k norm).
-    v: `[L, B, T, K, Dh]` values.
+    k: `[L, B, K, T, Dh]` keys after RoPE (and q/k norm); head-major, so that one head's keys
+      are contiguous and decoding attends without transposing the cache.
+    v: `[L, B, K, T, Dh]` values.
     mask: `[B, T]` bool, True on slots that hold a real (attendable) token.
     slot_positions: `[B, T]` int32 position id of the token in each slot (sliding windows).
     positions: `[B]` int32 position id the next valid token of each row gets (its number of
@@ -75,7 +76,7 @@ class KVCache(NamedTuple):
 
   @property
   def max_length(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
 
 def init_cache(
@@ -86,7 +87,7 @@ def init_cache(
     raise ValueError(
         f"batch_size and max_length must be positive, got {batch_size} and {max_length}."
     )
-  shape = (config.num_layers, batch_size, max_length, config.num_kv_heads, config.head_dim)
+  shape = (config.num_layers, batch_size, config.num_kv_heads, max_length, config.head_dim)
   return KVCache(
       k=jnp.zeros(shape, dtype),
       v=jnp.zeros(shape, dtype),
@@ -334,16 +335,17 @@ class Decoder(nnx.Module):
     b, s = input_ids.shape
     if cache.k.shape[1] != b or cache.max_length < s:
       raise ValueError(
-          f"Cache [L, B, T, K, Dh] = {cache.k.shape} cannot hold a prompt of shape {(b, s)}."
+          f"Cache [L, B, K, T, Dh] = {cache.k.shape} cannot hold a prompt of shape {(b, s)}."
       )
     valid = attention_mask != 0
     positions = position_ids_from_mask(valid)
     h, (k, v) = self(input_ids, valid, positions=positions, use_lora=use_lora, return_kv=True)
     zero = jnp.zeros((), jnp.int32)
     t = cache.max_length
+    heads_first = lambda x, dtype: jnp.swapaxes(x, 2, 3).astype(dtype)  # [L, B, K, S, Dh]
     cache = KVCache(
-        k=jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), (zero,) * 5),
-        v=jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), (zero,) * 5),
+        k=jax.lax.dynamic_update_slice(cache.k, heads_first(k, cache.k.dtype), (zero,) * 5),
+        v=jax.lax.dynamic_update_slice(cache.v, heads_first(v, cache.v.dtype), (zero,) * 5),
         mask=jnp.zeros((b, t), bool).at[:, :s].set(valid),
         slot_positions=jnp.zeros((b, t), jnp.int32).at[:, :s].set(positions),
         positions=jnp.sum(valid, axis=1).astype(jnp.int32),
@@ -388,14 +390,15 @@ class Decoder(nnx.Module):
     def body(carry, layer: Block, i, window):
       h, k_all, v_all = carry
       q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
-      at = (i, zero, index, zero, zero)
-      k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), at)
-      v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), at)
+      at = (i, zero, zero, index, zero)
+      new_slot = lambda x, dtype: jnp.swapaxes(x, 1, 2)[None].astype(dtype)  # [1, B, K, 1, Dh]
+      k_all = jax.lax.dynamic_update_slice(k_all, new_slot(k, k_all.dtype), at)
+      v_all = jax.lax.dynamic_update_slice(v_all, new_slot(v, v_all.dtype), at)
       k_l = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(q.dtype)
       v_l = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(q.dtype)
       att_mask = base_mask if window is None else base_mask & (distance < window)
       out = attention(q, k_l, v_l, att_mask, scale=self.config.query_scale,
-                      softcap=self.config.attn_softcap)
+                      softcap=self.config.attn_softcap, heads_first=True)
       return (layer.finish(h, out, use_lora=use_lora), k_all, v_all), None
 
     (h, k_all, v_all), _ = self._run_layers(body, (h, cache.k, cache.v))

@@ -77,7 +77,7 @@ def test_last_token_prefill_logits(hf_checkpoint):
   logits, cache = model.prefill(ids, mask, model.init_cache(batch_size=3, max_length=12))
   assert logits.shape == (3, models.load_config(path).vocab_size)
   np.testing.assert_allclose(np.asarray(logits), full[:, -1], atol=1e-5)
-  assert cache.k.shape == (2, 3, 12, 2, 8)
+  assert cache.k.shape == (2, 3, 2, 12, 8)  # [L, B, K, T, Dh]
 
 
 def test_greedy_generation_in_one_jitted_while_loop(hf_checkpoint):
