@@ -94,6 +94,47 @@ def test_sampling_frequencies_match_the_filtered_distribution():
   np.testing.assert_allclose(freq, [0.5 / 0.8, 0.3 / 0.8, 0, 0], atol=0.015)
 
 
+@given(
+    logits=hnp.arrays(
+        np.float32, (3, 9), elements=st.floats(-8, 8, width=32, allow_subnormal=False)
+    ),
+    masked=hnp.arrays(bool, (3, 9)),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_categorical_never_draws_a_masked_entry(logits, masked, seed):
+  masked[:, 0] = False  # every row keeps at least one entry
+  x = np.where(masked, -np.inf, logits).astype(np.float32)
+  tokens = np.asarray(sampling.categorical(jax.random.PRNGKey(seed), jnp.asarray(x)))
+  assert tokens.dtype == np.int32
+  assert ((tokens >= 0) & (tokens < 9)).all()
+  assert np.isfinite(x[np.arange(3), tokens]).all()
+
+
+def test_categorical_frequencies_match_softmax_including_the_last_entry():
+  # A chi-square check of the inverse-CDF draw against the exact probabilities, with most of the
+  # mass on the last entry (where rounding of `u * total` would overflow the range).
+  p = np.array([0.02, 0.0, 0.08, 0.1, 0.0, 0.8])
+  logits = jnp.asarray(np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf),
+                       jnp.float32)[None]
+  n = 40000
+  draw = jax.jit(jax.vmap(sampling.categorical, in_axes=(0, None)))
+  tokens = np.asarray(draw(jax.random.split(jax.random.PRNGKey(3), n), logits)).ravel()
+  counts = np.bincount(tokens, minlength=6)
+  assert counts[1] == counts[4] == 0
+  keep = p > 0
+  chi2 = np.sum((counts[keep] - n * p[keep]) ** 2 / (n * p[keep]))
+  assert chi2 < 16.3  # the 0.999 quantile of chi-square with 3 degrees of freedom
+
+
+def test_categorical_uniform_at_the_top_of_its_range_stays_in_range(monkeypatch):
+  # u * total rounding up to total must still give the last entry of non-zero weight.
+  monkeypatch.setattr(
+      sampling.jax.random, "uniform", lambda key, shape, dtype: jnp.full(shape, 1.0, dtype)
+  )
+  x = jnp.asarray([[0.0, 1.0, -jnp.inf, -jnp.inf], [0.5, 0.0, 0.0, 2.0]], jnp.float32)
+  np.testing.assert_array_equal(sampling.categorical(jax.random.PRNGKey(0), x), [1, 3])
+
+
 def test_traced_top_p_does_not_recompile():
   f = jax.jit(lambda x, p: sampling.top_p_filter(x, p))
   x = jnp.zeros((2, 5))
