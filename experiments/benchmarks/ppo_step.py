@@ -6,6 +6,10 @@ positions and vocab 2048; random reward and value models of the same shape
 with no early EOS; 4 PPO epochs; 1 minibatch; fp32; fixed KL coefficient. `--shape base` uses the
 12-layer, width-768 body.
 
+The training forward/backward runs its layers unrolled and the sampler scans them
+(`--train-layers` / `--rollout-layers`, the `PPOConfig` fields `train_scan_layers` and
+`rollout_scan_layers`), the fastest pair on CPU at this shape.
+
 jax_ppo runs `--warmup` updates (compilation) and then `--updates` timed ones through
 `PPOTrainer.step`, whose metrics split each update into rollout (sampling), scoring (reward
 model) and update (old/reference log-probs, values, GAE, then 4 epochs of fwd+bwd and AdamW).
@@ -34,6 +38,7 @@ SHAPES = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048),
     "base": dict(n_layer=12, n_head=12, n_embd=768, n_positions=256, vocab_size=2048),
 }
+LAYER_LOOPS = {"scan": True, "unroll": False}
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TRL_BENCH = os.path.normpath(
     os.path.join(HERE, "..", "..", "..", "shared", "peers", "trl_cpu", "trl_ppo_bench.py")
@@ -81,6 +86,8 @@ def run_jax(args, shape: dict) -> dict:
       batch_size=args.batch, num_minibatches=1, ppo_epochs=4, max_new_tokens=args.response_length,
       temperature=0.7, stop_token_ids=(), pad_token_id=vocab - 1, kl_coef=0.05,
       kl_controller="fixed", learning_rate=3e-6, total_updates=total, vf_coef=0.1,
+      train_scan_layers=LAYER_LOOPS[args.train_layers],
+      rollout_scan_layers=LAYER_LOOPS[args.rollout_layers],
   )
   peak = measure_matmul_peak(2048)
   trainer = PPOTrainer(
@@ -142,6 +149,10 @@ def main(argv=None) -> dict:
   ap.add_argument("--response-length", type=int, default=48)
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--updates", type=int, default=6)
+  ap.add_argument("--train-layers", choices=sorted(LAYER_LOOPS), default="unroll",
+                  help="layer loop of the training forward/backward (PPOConfig.train_scan_layers)")
+  ap.add_argument("--rollout-layers", choices=sorted(LAYER_LOOPS), default="scan",
+                  help="layer loop of the sampler (PPOConfig.rollout_scan_layers)")
   ap.add_argument("--trl-python", default=None, help="python of a venv with trl==1.12.0")
   ap.add_argument("--trl-bench", default=DEFAULT_TRL_BENCH)
   ap.add_argument("--json", default=None)
@@ -158,7 +169,8 @@ def main(argv=None) -> dict:
   results["config"] = dict(
       shape=args.shape, **shape, batch=args.batch, prompt_len="28-32",
       response_length=args.response_length, ppo_epochs=4, num_minibatches=1, dtype="float32",
-      warmup=args.warmup, updates=args.updates, backend=jax.default_backend(),
+      warmup=args.warmup, updates=args.updates, train_layers=args.train_layers,
+      rollout_layers=args.rollout_layers, backend=jax.default_backend(),
       jax=jax.__version__,
   )
   print(f"\nPPO update benchmark ({args.shape}, batch {args.batch}, {args.response_length} "

@@ -9,6 +9,11 @@ batch 8; 32-token prompts; 48 new tokens). `--shape gpt2-small --batch 64` is th
 
 Reports, per implementation, the median wall time of one generate call after warm-up, the
 milliseconds per decode step (time / new tokens) and generated tokens per second, and the ratio.
+It also reports the memory floor: a decode step at small batch reads every weight and the KV
+cache once for a few flops per byte, so the time to read that many bytes (measured: a jitted sum
+over an array of the same size, read repeatedly, so caches help it as much as they can help a
+decode step) bounds the step time from below, and `hf ms/step / floor` bounds the speedup any
+implementation can reach over HF on this machine.
 
     python experiments/benchmarks/rollout.py [--shape tiny|gpt2-small] [--batch 8] [--json PATH]
 """
@@ -54,6 +59,30 @@ def _summary(times: list[float], batch: int, new_tokens: int) -> dict:
   }
 
 
+def _read_bandwidth(nbytes: int, reps: int = 20) -> float:
+  """Bytes/s of a jitted sum over a `nbytes` float32 array read again and again (so a working
+  set that fits a cache level is read at that level's speed), best of `reps`."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((nbytes // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  best = min(_time(lambda: total(x).block_until_ready(), 0, reps))
+  return nbytes / best
+
+
+def _decode_bytes_per_step(model_config, *, params_bytes: int, batch: int, cache_len: int) -> int:
+  """Bytes one decode step must read at least: every weight once plus the whole KV cache.
+
+  At batch 8 a decode step does 16 flops per 4-byte fp32 weight, so on a CPU it is bound by
+  memory bandwidth, not by the matmul peak; this is the floor that bounds any implementation.
+  """
+  c = model_config
+  kv = 2 * c.num_layers * batch * c.num_kv_heads * cache_len * c.head_dim * 4
+  return params_bytes + kv
+
+
 def main(argv=None) -> dict:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -72,7 +101,7 @@ def main(argv=None) -> dict:
 
   import jax_ppo.models as models
   from jax_ppo.rollout.config import SamplingConfig
-  from jax_ppo.rollout.sampler import Sampler
+  from jax_ppo.rollout.sampler import Sampler, param_bytes
 
   shape = SHAPES[args.shape]
   rng = np.random.default_rng(1)
@@ -123,6 +152,19 @@ def main(argv=None) -> dict:
         results["jax_ppo"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
     )
 
+  step_bytes = _decode_bytes_per_step(
+      model.config, params_bytes=param_bytes(sampler.state), batch=args.batch,
+      cache_len=args.prompt_len + args.new_tokens - 1,
+  )
+  bandwidth = _read_bandwidth(step_bytes)
+  floor_ms = 1000 * step_bytes / bandwidth
+  results["memory_floor"] = {
+      "read_gb_per_s": bandwidth / 1e9,
+      "bytes_per_decode_step": step_bytes,
+      "floor_ms_per_step": floor_ms,
+      "jax_ppo_over_floor": results["jax_ppo"]["ms_per_step"] / floor_ms,
+      "max_speedup_over_hf": results["hf"]["ms_per_step"] / floor_ms,
+  }
   summary = {
       **results,
       "config": dict(
@@ -142,6 +184,11 @@ def main(argv=None) -> dict:
             f"{r['median_s_per_generate']:>12.4f}")
   if "speedup_tokens_per_s" in results:
     print(f"jax_ppo / hf tokens/s: {results['speedup_tokens_per_s']:.2f}x")
+  mf = results["memory_floor"]
+  print(f"memory floor: {mf['bytes_per_decode_step'] / 2**20:.1f} MiB read per decode step "
+        f"(weights + KV cache) at {mf['read_gb_per_s']:.1f} GB/s = {mf['floor_ms_per_step']:.2f} "
+        f"ms/step; jax_ppo is at {mf['jax_ppo_over_floor']:.2f}x the floor; the most any "
+        f"implementation can gain over hf here is {mf['max_speedup_over_hf']:.1f}x")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

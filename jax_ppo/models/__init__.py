@@ -81,8 +81,9 @@ base weights, adapters off); `merge_lora(model)` folds them in (`save_pretrained
 Performance knobs
 -----------------
 `dtype` / `param_dtype`; `remat` in ("none", "layer", "dots", "dots_all") per layer;
-`scan_layers` (lax.scan over the stacked `[L, ...]` weights, or unrolled). Attention never repeats
-K/V over query groups and computes scores and softmax in float32.
+`scan_layers` (lax.scan over the stacked `[L, ...]` weights, or unrolled; `with layer_loop(model,
+False): nnx.split(model)` switches an existing model temporarily). Attention never repeats K/V
+over query groups and computes scores and softmax in float32.
 
 Tokenizers
 ----------
@@ -120,6 +121,7 @@ from jax_ppo.models.transformer import (
     KVCache,
     decode_step,
     init_cache,
+    layer_loop,
     prefill,
 )
 
@@ -142,6 +144,7 @@ __all__ = [
     "from_pretrained",
     "has_lora",
     "init_cache",
+    "layer_loop",
     "load_config",
     "load_scalar_model",
     "load_tokenizer",

@@ -15,6 +15,7 @@ pass runs them with `jax.lax.scan` (one compiled block whatever the depth) or, w
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import jax
@@ -558,6 +559,28 @@ class CausalLM(nnx.Module):
     """
     h, cache = self.decoder.decode_step(token_ids, cache, valid=valid, use_lora=use_lora)
     return self.logits_from_hidden(h), cache
+
+
+@contextlib.contextmanager
+def layer_loop(model: nnx.Module, scan_layers: bool | None):
+  """Within the block, every `Decoder` in `model` runs its layers with `lax.scan` (True) or
+  unrolled (False); None leaves them as they are. The previous settings come back on exit.
+
+  The parameters are the same stacked `[L, ...]` arrays either way, so graph definitions split
+  inside the block (`nnx.split`) run the same state with a different layer loop: the trainer
+  uses it to unroll the training forward/backward (no per-layer weight copies) while the sampler
+  keeps the scan (on CPU the scanned decode step is ~2.5x faster than the unrolled one).
+  """
+  decoders = [m for _, m in nnx.iter_modules(model) if isinstance(m, Decoder)]
+  before = [d.scan_layers for d in decoders]
+  if scan_layers is not None:
+    for d in decoders:
+      d.scan_layers = bool(scan_layers)
+  try:
+    yield model
+  finally:
+    for d, scan in zip(decoders, before, strict=True):
+      d.scan_layers = scan
 
 
 def prefill(model: CausalLM, input_ids: Array, attention_mask: Array, cache: KVCache, **kwargs):

@@ -137,6 +137,16 @@ class PPOConfig:
   replay_batches_per_update: int = 0
   """Replayed batches trained on after each fresh one, under the same clipped objective."""
 
+  # --- layer loops (performance only; the numbers are the same) ---
+  train_scan_layers: bool | None = None
+  """Layer loop of the training forward/backward (old, reference and new log-probs, values):
+  True `lax.scan` (compile time independent of depth), False unrolled (no per-layer weight
+  copies: ~20% faster fwd+bwd on CPU for shallow models, compile time grows with depth), None
+  keeps each model's own `scan_layers`."""
+  rollout_scan_layers: bool | None = None
+  """Layer loop of the sampler's prefill and decode (same choices). On CPU the scanned decode
+  step is ~2.5x faster than the unrolled one at the TRL benchmark shape."""
+
   seed: int = 0
   """Seed of the run (sampling keys, shuffles, model init)."""
 
@@ -195,6 +205,9 @@ class PPOConfig:
       bad("dual_clip", "use a value > 1 (e.g. 3.0) or None")
     if self.value_clip_eps is not None and not self.value_clip_eps > 0:
       bad("value_clip_eps", "use a value > 0 or None")
+    for field in ("train_scan_layers", "rollout_scan_layers"):
+      if getattr(self, field) not in (None, True, False):
+        bad(field, "use True (lax.scan), False (unrolled) or None (the model's setting)")
     for field in ("kl_coef", "vf_coef", "entropy_coef", "length_penalty", "weight_decay"):
       if not getattr(self, field) >= 0:
         bad(field, "use a value >= 0")

@@ -299,8 +299,11 @@ class PPOSteps:
         logprobs, mb.old_logprobs, mb.advantages, mask, clip_eps=c.clip_eps,
         clip_eps_high=c.clip_eps_high, dual_clip=c.dual_clip, reduction=c.loss_reduction,
     )
+    # With a zero entropy weight throughout, the entropy is only a metric: no backward through it.
+    trains_entropy = c.entropy_coef > 0 or (c.entropy_coef_final or 0.0) > 0
     entropy, _ = core.entropy_bonus(
-        logits, mask, temperature=c.temperature, reduction=c.loss_reduction
+        logits if trains_entropy else jax.lax.stop_gradient(logits), mask,
+        temperature=c.temperature, reduction=c.loss_reduction,
     )
     loss = pg_loss - coefs["entropy"] * entropy
     metrics = {

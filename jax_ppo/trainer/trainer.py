@@ -56,6 +56,7 @@ from jax_ppo.logging import MetricsLogger
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
+from jax_ppo.models.transformer import layer_loop
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
 from jax_ppo.trainer import perf
@@ -208,10 +209,12 @@ class PPOTrainer:
       trainable = nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"))
     else:
       trainable = nnx.Param
-    self.policy_graphdef, policy_params, policy_rest = nnx.split(policy, trainable, ...)
+    with layer_loop(policy, c.train_scan_layers):
+      self.policy_graphdef, policy_params, policy_rest = nnx.split(policy, trainable, ...)
     value_graphdef = value_params = value_rest = None
     if c.uses_critic and value_model is not None:
-      value_graphdef, value_params, value_rest = nnx.split(value_model, nnx.Param, ...)
+      with layer_loop(value_model, c.train_scan_layers):
+        value_graphdef, value_params, value_rest = nnx.split(value_model, nnx.Param, ...)
     ref = None if self.lora else jax.tree.map(jnp.copy, policy_params)
     self.frozen = FrozenParams(
         policy_rest=policy_rest,
@@ -241,7 +244,8 @@ class PPOTrainer:
         top_p=c.top_p, stop_token_ids=tuple(c.stop_token_ids), pad_token_id=c.pad_token_id,
         n_samples=c.n_samples, batch_buckets=(c.prompts_per_update,),
     )
-    self.sampler = Sampler(policy, self.sampling, memory_budget_bytes=memory_budget_bytes)
+    with layer_loop(policy, c.rollout_scan_layers):
+      self.sampler = Sampler(policy, self.sampling, memory_budget_bytes=memory_budget_bytes)
     self._rollout_key = jax.random.PRNGKey(c.seed + 1)
     self.replay: collections.deque[Batch] = collections.deque(maxlen=c.replay_buffer_size or 1)
     self._replay_rng = np.random.default_rng(c.seed + 2)
@@ -600,8 +604,8 @@ class PPOTrainer:
           stop_token_ids=tuple(self.config.stop_token_ids),
           pad_token_id=self.config.pad_token_id,
       )
-      sampler = self._eval_samplers[(greedy, temperature)] = Sampler(self.policy_model(),
-                                                                     sampling)
+      with layer_loop(self.policy_model(), self.config.rollout_scan_layers) as model:
+        sampler = self._eval_samplers[(greedy, temperature)] = Sampler(model, sampling)
     key = jax.random.PRNGKey(seed)
     scores, lengths, kls, logprob_sums, samples = [], [], [], [], []
     for i, start in enumerate(range(0, len(prompts), chunk_size)):

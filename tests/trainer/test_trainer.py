@@ -103,6 +103,21 @@ def test_separate_critic_from_a_reward_model():
   assert np.isfinite(m["loss/value_avg"])
 
 
+def test_layer_loops_change_speed_not_the_update():
+  """Unrolled training and scanned sampling (the benchmark's pair) give the scan-only update."""
+  runs = []
+  for train, rollout in ((True, True), (False, True), (False, False)):
+    trainer = _trainer(_config(train_scan_layers=train, rollout_scan_layers=rollout))
+    runs.append((trainer.step(), jax.tree.map(np.asarray, trainer.state.policy)))
+  (m0, p0), *others = runs
+  for m1, p1 in others:
+    assert m1["objective/scores"] == m0["objective/scores"]  # the same samples
+    for name in ("loss/policy_avg", "loss/value_avg", "objective/kl"):
+      np.testing.assert_allclose(m1[name], m0[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    for x, y in zip(jax.tree.leaves(p0), jax.tree.leaves(p1), strict=True):
+      np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
+
+
 def _experience(trainer):
   prompt_ids, _ = trainer.dataset.batch(0, trainer.config.prompts_per_update)
   rollout = trainer.sampler(prompt_ids, jax.random.PRNGKey(0), state=trainer.policy_state())
@@ -188,6 +203,7 @@ def test_python_reward_function_and_bad_reward_values():
         ({"dual_clip": 0.5}, "dual_clip"),
         ({"learning_rate": -1.0}, "learning_rate"),
         ({"replay_batches_per_update": 2, "replay_buffer_size": 1}, "replay_batches_per_update"),
+        ({"train_scan_layers": "unroll"}, "train_scan_layers"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):
