@@ -20,13 +20,13 @@ import time
 import jax
 import numpy as np
 
-from jax_ppo.control import PPOConfig, final_return, make_train, return_curve
+from jax_ppo.control import ControlPPOConfig, final_return, make_train, return_curve
 
 SOLVED = 475.0  # CartPole-v1's reward threshold (episodes are capped at 500 steps).
 
 
 def parse_args() -> argparse.Namespace:
-  defaults = PPOConfig()
+  defaults = ControlPPOConfig()
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--seeds", type=int, default=8, help="agents trained in parallel (vmapped)")
   p.add_argument("--seed", type=int, default=0, help="base PRNG seed")
@@ -45,7 +45,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
   args = parse_args()
-  config = PPOConfig(
+  config = ControlPPOConfig(
       total_timesteps=args.total_timesteps,
       lr=args.lr,
       num_envs=args.num_envs,

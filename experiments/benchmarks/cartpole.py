@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_ppo.control import PPOConfig, final_return, make_train
+from jax_ppo.control import ControlPPOConfig, final_return, make_train
 
 PUREJAXRL_CARTPOLE = {
     "LR": 2.5e-4,
@@ -187,7 +187,7 @@ def time_compile_run(train_fn, num_seeds: int, seed: int = 0) -> dict[str, float
   }
 
 
-def bench_jax_ppo(config: PPOConfig, num_seeds: int, last_updates: int) -> dict:
+def bench_jax_ppo(config: ControlPPOConfig, num_seeds: int, last_updates: int) -> dict:
   r = time_compile_run(make_train(config), num_seeds)
   _, metrics = r.pop("out")
   r["final_return"] = np.atleast_1d(final_return(metrics, last_updates=last_updates)).tolist()
@@ -219,7 +219,7 @@ def main() -> None:
   parser.add_argument("--json", metavar="PATH", default=None, help="write the results here")
   args = parser.parse_args()
 
-  config = PPOConfig(total_timesteps=args.total_timesteps)
+  config = ControlPPOConfig(total_timesteps=args.total_timesteps)
   pjrl_config = dict(PUREJAXRL_CARTPOLE, TOTAL_TIMESTEPS=float(args.total_timesteps))
   pjrl, provenance = (None, None)
   if args.purejaxrl:

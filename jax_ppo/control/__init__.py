@@ -6,8 +6,8 @@ task's ceiling; see `experiments/cartpole_ppo.py`. Needs gymnax (the `experiment
 
 from jax_ppo.control.ppo import (
     ActorCritic,
+    ControlPPOConfig,
     EpisodeStats,
-    PPOConfig,
     final_return,
     init_episode_stats,
     make_env,
@@ -18,8 +18,8 @@ from jax_ppo.control.ppo import (
 
 __all__ = [
     "ActorCritic",
+    "ControlPPOConfig",
     "EpisodeStats",
-    "PPOConfig",
     "final_return",
     "init_episode_stats",
     "make_env",

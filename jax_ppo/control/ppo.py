@@ -50,11 +50,11 @@ ACTIVATIONS: dict[str, Callable[[Array], Array]] = {"tanh": jnp.tanh, "relu": ja
 
 def _require(ok: bool, field: str, message: str) -> None:
   if not ok:
-    raise ValueError(f"PPOConfig.{field}: {message}")
+    raise ValueError(f"ControlPPOConfig.{field}: {message}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOConfig:
+class ControlPPOConfig:
   """Hyperparameters of PPO on a gymnax environment with discrete actions.
 
   The defaults are PureJaxRL's CartPole-v1 settings (`purejaxrl/ppo.py`), which solve the task
@@ -338,8 +338,9 @@ def make_env(env_name: str):
     )
   if not isinstance(env.action_space(env_params), spaces.Discrete):
     raise ValueError(
-        f"PPOConfig.env_name: {env_name!r} has a {type(env.action_space(env_params)).__name__} "
-        "action space; this PPO supports Discrete actions only."
+        f"ControlPPOConfig.env_name: {env_name!r} has a "
+        f"{type(env.action_space(env_params)).__name__} action space; this PPO supports "
+        "Discrete actions only."
     )
   return env, env_params
 
@@ -372,11 +373,11 @@ def _auto_reset_step(env, env_params, key_n, state_n, action_n, reset_obs_n, res
   return obs, state, jnp.asarray(reward, jnp.float32), done
 
 
-def make_train(config: PPOConfig) -> Callable[[Array], tuple[Any, dict[str, Array]]]:
+def make_train(config: ControlPPOConfig) -> Callable[[Array], tuple[Any, dict[str, Array]]]:
   """Returns `train(rng) -> (params, metrics)`, a pure function to wrap in `jax.jit`/`jax.vmap`.
 
   Args:
-    config: a `PPOConfig`.
+    config: a `ControlPPOConfig`.
 
   Returns:
     `train`, which takes a PRNG key and returns the final network parameters (an `nnx.State`)

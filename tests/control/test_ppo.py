@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jax_ppo.control import (
-    PPOConfig,
+    ControlPPOConfig,
     final_return,
     init_episode_stats,
     make_train,
@@ -25,7 +25,7 @@ RANDOM_POLICY_RETURN = 22.0
 
 
 def test_default_config_is_purejaxrl_cartpole():
-  c = PPOConfig()
+  c = ControlPPOConfig()
   assert (c.total_timesteps, c.num_envs, c.num_steps) == (500_000, 4, 128)
   assert (c.update_epochs, c.num_minibatches, c.lr, c.anneal_lr) == (4, 4, 2.5e-4, True)
   assert (c.gamma, c.gae_lambda, c.clip_eps, c.value_clip_eps) == (0.99, 0.95, 0.2, 0.2)
@@ -35,11 +35,11 @@ def test_default_config_is_purejaxrl_cartpole():
 
 
 def test_config_is_frozen_and_keyword_only():
-  c = PPOConfig()
+  c = ControlPPOConfig()
   with pytest.raises(dataclasses.FrozenInstanceError):
     c.lr = 1.0  # type: ignore[misc]
   with pytest.raises(TypeError):
-    PPOConfig("CartPole-v1")  # type: ignore[misc]
+    ControlPPOConfig("CartPole-v1")  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
@@ -63,22 +63,22 @@ def test_config_is_frozen_and_keyword_only():
     ],
 )
 def test_config_validation_names_the_field(kwargs, field):
-  with pytest.raises(ValueError, match=rf"PPOConfig\.{field}\b"):
-    PPOConfig(**kwargs)
+  with pytest.raises(ValueError, match=rf"ControlPPOConfig\.{field}\b"):
+    ControlPPOConfig(**kwargs)
 
 
 def test_config_divisibility_message_gives_the_fix():
   with pytest.raises(ValueError, match=r"must divide num_envs \* num_steps = 4 \* 128 = 512"):
-    PPOConfig(num_minibatches=3)
+    ControlPPOConfig(num_minibatches=3)
 
 
 def test_value_clip_can_be_disabled():
-  assert PPOConfig(value_clip_eps=None).value_clip_eps is None
+  assert ControlPPOConfig(value_clip_eps=None).value_clip_eps is None
 
 
 def test_continuous_action_env_is_rejected():
-  with pytest.raises(ValueError, match=r"PPOConfig\.env_name.*Discrete"):
-    make_train(PPOConfig(env_name="Pendulum-v1"))
+  with pytest.raises(ValueError, match=r"ControlPPOConfig\.env_name.*Discrete"):
+    make_train(ControlPPOConfig(env_name="Pendulum-v1"))
 
 
 def test_episode_stats_match_a_log_wrapper():
@@ -157,7 +157,7 @@ def test_auto_reset_step_matches_gymnax_step():
 
 @pytest.fixture(scope="module")
 def short_run():
-  config = PPOConfig(total_timesteps=40_000)
+  config = ControlPPOConfig(total_timesteps=40_000)
   params, metrics = jax.jit(make_train(config))(jax.random.key(0))
   return config, params, jax.device_get(metrics)
 
