@@ -206,7 +206,8 @@ class PPOConfig:
     if self.value_clip_eps is not None and not self.value_clip_eps > 0:
       bad("value_clip_eps", "use a value > 0 or None")
     for field in ("train_scan_layers", "rollout_scan_layers"):
-      if getattr(self, field) not in (None, True, False):
+      value = getattr(self, field)
+      if value is not None and not isinstance(value, bool):
         bad(field, "use True (lax.scan), False (unrolled) or None (the model's setting)")
     for field in ("kl_coef", "vf_coef", "entropy_coef", "length_penalty", "weight_decay"):
       if not getattr(self, field) >= 0:
