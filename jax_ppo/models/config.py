@@ -270,22 +270,26 @@ def config_from_hf(hf: Any) -> ModelConfig:
     )
   theta, scaling = _rope_from_hf(hf)
   heads = hf.num_attention_heads
+  # The fields every rotary family (Llama, Mistral, Qwen2/3, Gemma 2) reads the same way.
+  rotary = dict(
+      common,
+      hidden_size=hf.hidden_size,
+      intermediate_size=hf.intermediate_size,
+      num_layers=hf.num_hidden_layers,
+      num_heads=heads,
+      num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+      max_position_embeddings=hf.max_position_embeddings,
+      norm_type="rms",
+      norm_eps=hf.rms_norm_eps,
+      rope_theta=theta,
+      rope_scaling=scaling,
+  )
   if model_type == "gemma2":
     layer_types = getattr(hf, "layer_types", None)
     return ModelConfig(
-        **common,
-        hidden_size=hf.hidden_size,
-        intermediate_size=hf.intermediate_size,
-        num_layers=hf.num_hidden_layers,
-        num_heads=heads,
-        num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+        **rotary,
         head_dim=hf.head_dim,
-        max_position_embeddings=hf.max_position_embeddings,
-        norm_type="rms",
-        norm_eps=hf.rms_norm_eps,
         activation=hf.hidden_activation,
-        rope_theta=theta,
-        rope_scaling=scaling,
         qkv_bias=bool(getattr(hf, "attention_bias", False)),
         out_bias=bool(getattr(hf, "attention_bias", False)),
         attention_scale=float(hf.query_pre_attn_scalar) ** -0.5,
@@ -311,21 +315,11 @@ def config_from_hf(hf: Any) -> ModelConfig:
   if sliding_window is not None and model_type == "llama":
     sliding_window = None  # Llama has no sliding window; the field would be a stray key.
   return ModelConfig(
-      **common,
-      hidden_size=hf.hidden_size,
-      intermediate_size=hf.intermediate_size,
-      num_layers=hf.num_hidden_layers,
-      num_heads=heads,
-      num_kv_heads=getattr(hf, "num_key_value_heads", None) or heads,
+      **rotary,
       head_dim=head_dim,
-      max_position_embeddings=hf.max_position_embeddings,
-      norm_type="rms",
-      norm_eps=hf.rms_norm_eps,
       activation=hf.hidden_act,
       gated_mlp=True,
       position_embedding="rope",
-      rope_theta=theta,
-      rope_scaling=scaling,
       qkv_bias=attention_bias or model_type == "qwen2",
       out_bias=attention_bias and model_type != "qwen2",
       mlp_bias=bool(getattr(hf, "mlp_bias", False)),
