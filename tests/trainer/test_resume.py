@@ -16,23 +16,12 @@ from flax import nnx
 
 from jax_ppo.checkpoint import CheckpointConfigMismatch
 from jax_ppo.config_io import load_config, save_config
-from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
-from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.trainer import PPOConfig, PPOTrainer, RunOptions, TokenScorer
 from jax_ppo.trainer.monitor import MonitorConfig
+from tests.trainer.conftest import CONFIG, MODEL, TARGET, count_target, prompts
 
-EOS, PAD, TARGET = 2, 0, 7
-MODEL = ModelConfig(
-    model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
-    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
-)
-CONFIG = PPOConfig(
-    batch_size=8, num_minibatches=2, ppo_epochs=2, max_new_tokens=6, temperature=1.0,
-    stop_token_ids=(EOS,), pad_token_id=PAD, learning_rate=3e-3, lr_schedule="constant",
-    kl_coef=0.01, vf_coef=0.5, total_updates=40, reward_clip=None,
-)
 # Metrics that measure time, not the computation.
 TIMING = ("time/", "tokens_per_s", "eps", "mfu")
 
@@ -40,23 +29,11 @@ TIMING = ("time/", "tokens_per_s", "eps", "mfu")
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 
-def _prompts(n=32, seed=0):
-  rng = np.random.default_rng(seed)
-  return PromptDataset(
-      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
-      seed=seed,
-  )
-
-
-def _count_target(prompt_ids, prompt_mask, response_ids, response_mask):
-  return jnp.sum((response_ids == TARGET) & response_mask, axis=1).astype(jnp.float32)
-
-
 def _trainer(config=CONFIG, policy=None, reward=None, **kwargs):
   """A fresh trainer from scratch, as a new process would build it."""
   policy = policy if policy is not None else CausalLM(MODEL, rngs=nnx.Rngs(0))
-  reward = reward if reward is not None else TokenScorer(_count_target)
-  return PPOTrainer(config, policy, reward=reward, prompts=_prompts(), peak_flops=1e11, **kwargs)
+  reward = reward if reward is not None else TokenScorer(count_target)
+  return PPOTrainer(config, policy, reward=reward, prompts=prompts(), peak_flops=1e11, **kwargs)
 
 
 def _host(tree):

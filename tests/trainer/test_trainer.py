@@ -8,46 +8,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, ScalarModel, add_lora
-from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.trainer import PPOConfig, PPOTrainer, TokenScorer
 from jax_ppo.trainer.rewards import FunctionScorer, check_scores
 from jax_ppo.trainer.step import process_scores
-
-EOS, PAD, TARGET = 2, 0, 7
-MODEL = ModelConfig(
-    model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
-    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
-)
-
-
-def _prompts(n=32, seed=0):
-  rng = np.random.default_rng(seed)
-  return PromptDataset(
-      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
-      seed=seed,
-  )
-
-
-def _count_target(prompt_ids, prompt_mask, response_ids, response_mask):
-  return jnp.sum((response_ids == TARGET) & response_mask, axis=1).astype(jnp.float32)
+from tests.trainer.conftest import CONFIG, MODEL, TARGET, count_target, prompts
 
 
 def _config(**kwargs):
-  base = dict(
-      batch_size=8, num_minibatches=2, ppo_epochs=2, max_new_tokens=6, temperature=1.0,
-      stop_token_ids=(EOS,), pad_token_id=PAD, learning_rate=3e-3, lr_schedule="constant",
-      kl_coef=0.01, vf_coef=0.5, total_updates=40, reward_clip=None,
-  )
-  return PPOConfig(**{**base, **kwargs})
+  return dataclasses.replace(CONFIG, **kwargs)
 
 
 def _trainer(config, policy=None, **kwargs):
   policy = policy if policy is not None else CausalLM(MODEL, rngs=nnx.Rngs(0))
   return PPOTrainer(
-      config, policy, reward=TokenScorer(_count_target), prompts=_prompts(), peak_flops=1e11,
+      config, policy, reward=TokenScorer(count_target), prompts=prompts(), peak_flops=1e11,
       **kwargs,
   )
 
@@ -177,7 +153,7 @@ def test_missing_eos_and_length_penalties():
 
 def test_python_reward_function_and_bad_reward_values():
   trainer = PPOTrainer(
-      _config(), CausalLM(MODEL, rngs=nnx.Rngs(0)), prompts=_prompts(), peak_flops=1e11,
+      _config(), CausalLM(MODEL, rngs=nnx.Rngs(0)), prompts=prompts(), peak_flops=1e11,
       reward=lambda prompts, responses: [float(r.count(TARGET)) for r in responses],
   )
   assert isinstance(trainer.scorer, FunctionScorer)
