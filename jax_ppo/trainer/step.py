@@ -12,6 +12,13 @@ two compiled functions:
   microbatches (a `lax.scan`) and normalised by the minibatch's token count; epochs after the
   approximate KL passed `target_kl` are skipped with `lax.cond`. Finally the KL controller is
   updated. The state is donated.
+- `experience_update(state, frozen, rollout, raw_scores) -> (state, batch, exp_metrics,
+  update_metrics)`: both in one program, for runs whose first optimizer step sees the whole
+  batch (`num_minibatches == 1`, no gradient accumulation). The old log-probs and values then
+  come from the first epoch's own forward pass (`jax.vjp`): its outputs are the behaviour
+  quantities, and their pullback gives the first step's gradient, so the policy and critic
+  forward passes of `experience` are not run a second time. Same results as `experience`
+  followed by `update`, up to float summation order.
 
 Every number that changes during training (the KL coefficient, the entropy coefficient, the
 learning-rate scale) is read from the state, so nothing recompiles between updates.
@@ -158,6 +165,13 @@ class PPOSteps:
     self.replay_update = jax.jit(
         functools.partial(self._update, fresh=False), donate_argnums=(0,)
     )
+    self.experience_update = jax.jit(self._experience_update, donate_argnums=(0,))
+
+  @property
+  def fuses_first_epoch(self) -> bool:
+    """Whether the trainer runs `experience_update` (one minibatch, one microbatch) instead of
+    `experience` then `update`."""
+    return self.config.num_minibatches == 1 and self.config.gradient_accumulation_steps == 1
 
   # -- models -------------------------------------------------------------------------------
 
@@ -185,14 +199,35 @@ class PPOSteps:
     v = critic(batch.input_ids, batch.attention_mask, positions=batch.positions)
     return v[:, s - 1 : s + t - 1]
 
+  def _outputs(self, params, frozen: FrozenParams, mb: Batch) -> dict[str, Array]:
+    """Everything the loss reads from the models, per response token (`[B, T]` float32).
+
+    `logprobs` of the response tokens at the sampling temperature, the policy's `entropy`
+    (under `stop_gradient` when its weight is 0 throughout, so no backward pass runs through
+    it) and, with a critic, its `values`. The loss depends on the parameters only through
+    these, which is what lets `experience_update` differentiate it with `jax.vjp`.
+    """
+    c = self.config
+    policy = self._policy(params["policy"], frozen)
+    logits, shared_values = self._forward(policy, mb, values=self.shared_value_head)
+    trains_entropy = c.entropy_coef > 0 or (c.entropy_coef_final or 0.0) > 0
+    out = {
+        "logprobs": core.gather_logprobs(logits, mb.response_ids, c.temperature),
+        "entropy": core.entropy_from_logits(
+            logits if trains_entropy else jax.lax.stop_gradient(logits), c.temperature
+        ),
+    }
+    if c.uses_critic:
+      out["values"] = self._critic_values(params, frozen, mb, shared_values)
+    return out
+
   # -- experience ---------------------------------------------------------------------------
 
-  def _experience(
-      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
-  ) -> tuple[Batch, dict[str, Array]]:
-    c = self.config
+  @staticmethod
+  def _view(rollout: Rollout) -> Batch:
+    """The rollout as a `Batch` whose per-token training quantities are still placeholders."""
     mask = rollout.response_mask
-    view = Batch(
+    return Batch(
         input_ids=rollout.sequence_ids,
         attention_mask=rollout.attention_mask,
         positions=rollout.positions,
@@ -204,21 +239,37 @@ class PPOSteps:
         advantages=jnp.zeros(mask.shape, jnp.float32),
         returns=jnp.zeros(mask.shape, jnp.float32),
     )
-    scores = process_scores(c, raw_scores, rollout)
 
-    # Old log-probs: a teacher-forced pass with the training numerics (item 4).
-    policy = self._policy(state.policy, frozen)
-    logits, shared_values = self._forward(policy, view, values=self.shared_value_head)
-    old_logprobs = core.gather_logprobs(logits, view.response_ids, c.temperature)
-    old_logprobs = jnp.where(mask, old_logprobs, 0.0)  # item 9: padding gives ratio 1, KL 0
+  def _experience(
+      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
+  ) -> tuple[Batch, dict[str, Array]]:
+    view = self._view(rollout)
+    # Old log-probs (and values): a teacher-forced pass with the training numerics (item 4).
+    behaviour = self._outputs(state.params, frozen, view)
+    return self._experience_from(state, frozen, rollout, raw_scores, view, behaviour)
+
+  def _experience_from(
+      self,
+      state: TrainState,
+      frozen: FrozenParams,
+      rollout: Rollout,
+      raw_scores: Array,
+      view: Batch,
+      behaviour: dict[str, Array],
+  ) -> tuple[Batch, dict[str, Array]]:
+    """The training batch and its metrics, given the behaviour policy's `_outputs` on `view`."""
+    c = self.config
+    mask = rollout.response_mask
+    scores = process_scores(c, raw_scores, rollout)
+    old_logprobs = jnp.where(mask, behaviour["logprobs"], 0.0)  # item 9: padding: ratio 1, KL 0
     if self.lora:
-      ref_logits, _ = self._forward(policy, view, use_lora=False)
+      ref_logits, _ = self._forward(self._policy(state.policy, frozen), view, use_lora=False)
     else:
       ref_logits, _ = self._forward(self._policy(frozen.ref, frozen), view)
     ref_logprobs = jnp.where(
         mask, core.gather_logprobs(ref_logits, view.response_ids, c.temperature), 0.0
     )
-    del logits, ref_logits
+    del ref_logits
 
     kl = jnp.where(mask, core.kl_penalty(old_logprobs, ref_logprobs, estimator=c.kl_estimator), 0.0)
     beta = state.kl.coef
@@ -229,7 +280,7 @@ class PPOSteps:
     values = jnp.zeros(mask.shape, jnp.float32)
     returns = jnp.zeros(mask.shape, jnp.float32)
     if c.advantage_mode == "gae":
-      values = jnp.where(mask, self._critic_values(state.params, frozen, view, shared_values), 0.0)
+      values = jnp.where(mask, behaviour["values"], 0.0)
       gae_rewards = core.masked_whiten(rewards, mask, shift_mean=False) if c.whiten_rewards else (
           rewards)
       advantages, returns = core.gae(gae_rewards, values, mask, gamma=c.gamma, lam=c.lam)
@@ -288,23 +339,17 @@ class PPOSteps:
         "kl": state.kl.coef,
     }
 
-  def _micro_loss(self, params, frozen, mb: Batch, weight, coefs):
-    """Loss of one microbatch, pre-scaled by its share `weight` of the minibatch."""
+  def _loss_from_outputs(self, out: dict[str, Array], mb: Batch, weight, coefs):
+    """Loss of one microbatch from its `_outputs`, pre-scaled by its share `weight` of the
+    minibatch; returns `(loss, metrics)`."""
     c = self.config
     mask = mb.response_mask
-    policy = self._policy(params["policy"], frozen)
-    logits, shared_values = self._forward(policy, mb, values=self.shared_value_head)
-    logprobs = core.gather_logprobs(logits, mb.response_ids, c.temperature)
+    logprobs = out["logprobs"]
     pg_loss, pg = core.ppo_policy_loss(
         logprobs, mb.old_logprobs, mb.advantages, mask, clip_eps=c.clip_eps,
         clip_eps_high=c.clip_eps_high, dual_clip=c.dual_clip, reduction=c.loss_reduction,
     )
-    # With a zero entropy weight throughout, the entropy is only a metric: no backward through it.
-    trains_entropy = c.entropy_coef > 0 or (c.entropy_coef_final or 0.0) > 0
-    entropy, _ = core.entropy_bonus(
-        logits if trains_entropy else jax.lax.stop_gradient(logits), mask,
-        temperature=c.temperature, reduction=c.loss_reduction,
-    )
+    entropy = core.aggregate_loss(out["entropy"], mask, c.loss_reduction)
     loss = pg_loss - coefs["entropy"] * entropy
     metrics = {
         "policy/approxkl_avg": pg["approx_kl"],
@@ -321,9 +366,8 @@ class PPOSteps:
       loss = loss + coefs["kl"] * kl_loss
       metrics["loss/kl_avg"] = kl_loss
     if c.uses_critic:
-      values = self._critic_values(params, frozen, mb, shared_values)
       vf_loss, vf = core.ppo_value_loss(
-          values, mb.old_values, mb.returns, mask, clip_eps=c.value_clip_eps,
+          out["values"], mb.old_values, mb.returns, mask, clip_eps=c.value_clip_eps,
           reduction=c.loss_reduction,
       )
       loss = loss + c.vf_coef * vf_loss
@@ -331,6 +375,10 @@ class PPOSteps:
       metrics["val/clipfrac_avg"] = vf["clipfrac"]
     metrics["loss/total_avg"] = loss
     return loss * weight, jax.tree.map(lambda m: m * weight, metrics)
+
+  def _micro_loss(self, params, frozen, mb: Batch, weight, coefs):
+    """Loss of one microbatch, pre-scaled by its share `weight` of the minibatch."""
+    return self._loss_from_outputs(self._outputs(params, frozen, mb), mb, weight, coefs)
 
   def _share(self, mask_mb: Array) -> Array:
     """`[A, M, T]` masks of A microbatches -> each microbatch's share of the minibatch loss.
@@ -351,6 +399,18 @@ class PPOSteps:
     shapes = jax.eval_shape(self._micro_loss, state.params, frozen, micro, 1.0, coefs)[1]
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
+  def _apply_gradients(self, state: TrainState, grads, metrics):
+    """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients."""
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "policy/grad_norm": optax.tree.norm(grads)}
+    new_state = state.replace(
+        policy=params["policy"], value=params["value"], opt_state=opt_state,
+        opt_steps=state.opt_steps + 1,
+    )
+    return new_state, metrics
+
   def _minibatch_step(self, state: TrainState, frozen, mb: Batch, coefs, zero_metrics):
     c = self.config
     micro = jax.tree.map(
@@ -367,34 +427,28 @@ class PPOSteps:
 
     zero_grads = jax.tree.map(jnp.zeros_like, state.params)
     (grads, metrics), _ = jax.lax.scan(accumulate, (zero_grads, zero_metrics), (micro, weights))
-    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
-    metrics["policy/grad_norm"] = optax.tree.norm(grads)
-    new_state = state.replace(
-        policy=params["policy"], value=params["value"], opt_state=opt_state,
-        opt_steps=state.opt_steps + 1,
-    )
-    return new_state, metrics
+    return self._apply_gradients(state, grads, metrics)
 
-  def _update(
-      self,
-      state: TrainState,
-      frozen: FrozenParams,
-      batch: Batch,
-      seq_kl_mean: Array,
-      *,
-      fresh: bool,
-  ) -> tuple[TrainState, dict[str, Array]]:
-    """`ppo_epochs` passes over `batch`; for a fresh batch (not a replayed one) also the
-    KL-controller update with the batch's mean sequence KL and the step/episode counters."""
+  def _epoch_rngs(self, state: TrainState) -> tuple[TrainState, Array]:
+    """Advances the state's key; returns the `ppo_epochs` keys that shuffle each epoch."""
+    rng, shuffle_rng = jax.random.split(state.rng)
+    return state.replace(rng=rng), jax.random.split(shuffle_rng, self.config.ppo_epochs)
+
+  def _stops(self, stopped: Array, epoch_kl: Array) -> Array:
+    """Early stop (item 19): later epochs are skipped once an epoch's approx KL passes
+    `target_kl`."""
+    if self.config.target_kl is None:
+      return stopped
+    return stopped | (epoch_kl > self.config.target_kl)
+
+  def _epochs(self, state: TrainState, frozen, batch: Batch, coefs, epoch_rngs, stopped):
+    """Reshuffled passes over `batch`, one per key of `epoch_rngs` `[E]`.
+
+    Returns `(state, stopped, metrics, ran)`; metrics `[E, num_minibatches]` per name, `ran`
+    `[E, num_minibatches]` bool (False for minibatches skipped after the early stop).
+    """
     c = self.config
     b = batch.response_ids.shape[0]
-    if b != c.batch_size:
-      raise ValueError(f"Batch has {b} rows but PPOConfig.batch_size is {c.batch_size}.")
-    coefs = self._coefficients(state)
-    rng, shuffle_rng = jax.random.split(state.rng)
-    state = state.replace(rng=rng)
     zero_metrics = self._micro_metric_zeros(state, frozen, batch, coefs)
     skipped_metrics = {**zero_metrics, "policy/grad_norm": jnp.zeros((), jnp.float32)}
 
@@ -415,14 +469,16 @@ class PPOSteps:
       order = jax.random.permutation(epoch_rng, b).reshape(c.num_minibatches, c.minibatch_size)
       (state, _), (metrics, ran) = jax.lax.scan(run_minibatch, (state, stopped), order)
       epoch_kl = jnp.sum(metrics["policy/approxkl_avg"]) / jnp.maximum(jnp.sum(ran), 1)
-      if c.target_kl is not None:
-        stopped = stopped | (epoch_kl > c.target_kl)
-      return (state, stopped), (metrics, ran)
+      return (state, self._stops(stopped, epoch_kl)), (metrics, ran)
 
-    epoch_rngs = jax.random.split(shuffle_rng, c.ppo_epochs)
-    (state, stopped), (metrics, ran) = jax.lax.scan(
-        run_epoch, (state, jnp.zeros((), bool)), epoch_rngs
-    )
+    (state, stopped), (metrics, ran) = jax.lax.scan(run_epoch, (state, stopped), epoch_rngs)
+    return state, stopped, metrics, ran
+
+  def _summary(self, state: TrainState, coefs, metrics, ran, stopped, seq_kl_mean, *, fresh):
+    """Averages the per-minibatch metrics over the minibatches that ran; for a fresh batch (not
+    a replayed one) also updates the KL controller with the batch's mean sequence KL and
+    advances the step and episode counters."""
+    c = self.config
     n_ran = jnp.sum(ran)
     out = {k: jnp.sum(v) / jnp.maximum(n_ran, 1).astype(jnp.float32) for k, v in metrics.items()}
     out["val/ratio_first_minibatch"] = metrics["val/ratio"][0, 0]
@@ -434,6 +490,76 @@ class PPOSteps:
       kl = self.kl_controller.update(state.kl, seq_kl_mean, jnp.asarray(c.batch_size))
       state = state.replace(kl=kl, step=state.step + 1, episode=state.episode + c.batch_size)
     return state, out
+
+  def _check_batch_size(self, batch: Batch) -> None:
+    b = batch.response_ids.shape[0]
+    if b != self.config.batch_size:
+      raise ValueError(f"Batch has {b} rows but PPOConfig.batch_size is {self.config.batch_size}.")
+
+  def _update(
+      self,
+      state: TrainState,
+      frozen: FrozenParams,
+      batch: Batch,
+      seq_kl_mean: Array,
+      *,
+      fresh: bool,
+  ) -> tuple[TrainState, dict[str, Array]]:
+    """`ppo_epochs` passes over `batch`; for a fresh batch (not a replayed one) also the
+    KL-controller update with the batch's mean sequence KL and the step/episode counters."""
+    self._check_batch_size(batch)
+    coefs = self._coefficients(state)
+    state, epoch_rngs = self._epoch_rngs(state)
+    state, stopped, metrics, ran = self._epochs(
+        state, frozen, batch, coefs, epoch_rngs, jnp.zeros((), bool)
+    )
+    return self._summary(state, coefs, metrics, ran, stopped, seq_kl_mean, fresh=fresh)
+
+  def _experience_update(
+      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
+  ) -> tuple[TrainState, Batch, dict[str, Array], dict[str, Array]]:
+    """`experience` then `update` in one program, sharing the first epoch's forward pass.
+
+    Only for `fuses_first_epoch` configs: the first epoch is then one optimizer step on the
+    whole batch with the behaviour parameters, so its forward pass computes exactly the old
+    log-probs and values. `jax.vjp` keeps that pass's residuals while the reference pass,
+    rewards and advantages are computed, and the loss gradient with respect to its outputs is
+    pulled back to the parameters. The shuffle keys match `update`'s, epoch 0's permutation is
+    the identity (a single minibatch sums over all rows in any order).
+    """
+    if not self.fuses_first_epoch:
+      raise ValueError(
+          "experience_update needs num_minibatches == 1 and gradient_accumulation_steps == 1 "
+          f"(got {self.config.num_minibatches} and {self.config.gradient_accumulation_steps}); "
+          "call experience and then update."
+      )
+    view = self._view(rollout)
+    behaviour, pullback = jax.vjp(lambda p: self._outputs(p, frozen, view), state.params)
+    batch, exp_metrics = self._experience_from(
+        state, frozen, rollout, raw_scores, view, behaviour
+    )
+    self._check_batch_size(batch)
+    coefs = self._coefficients(state)
+    state, epoch_rngs = self._epoch_rngs(state)
+    weight = self._share(batch.response_mask[None])[0]
+    (_, metrics), d_outputs = jax.value_and_grad(self._loss_from_outputs, has_aux=True)(
+        behaviour, batch, weight, coefs
+    )
+    (grads,) = pullback(d_outputs)
+    state, metrics = self._apply_gradients(state, grads, metrics)
+    metrics = jax.tree.map(lambda m: m[None, None], metrics)  # [epoch 0, minibatch 0]
+    ran = jnp.ones((1, 1), bool)
+    stopped = self._stops(jnp.zeros((), bool), metrics["policy/approxkl_avg"][0, 0])
+    if self.config.ppo_epochs > 1:
+      state, stopped, rest, rest_ran = self._epochs(
+          state, frozen, batch, coefs, epoch_rngs[1:], stopped
+      )
+      metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), metrics, rest)
+      ran = jnp.concatenate([ran, rest_ran])
+    state, update_metrics = self._summary(
+        state, coefs, metrics, ran, stopped, exp_metrics["objective/kl"], fresh=True
+    )
+    return state, batch, exp_metrics, update_metrics
 
 
 def init_train_state(

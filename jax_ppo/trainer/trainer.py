@@ -482,10 +482,15 @@ class PPOTrainer:
     jax.block_until_ready(raw_scores)
     t_score = time.perf_counter()
 
-    batch, exp_metrics = self.steps.experience(self.state, self.frozen, rollout, raw_scores)
-    self.state, upd_metrics = self.steps.update(
-        self.state, self.frozen, batch, exp_metrics["objective/kl"]
-    )
+    if self.steps.fuses_first_epoch:  # the first epoch's forward gives the old log-probs
+      self.state, batch, exp_metrics, upd_metrics = self.steps.experience_update(
+          self.state, self.frozen, rollout, raw_scores
+      )
+    else:
+      batch, exp_metrics = self.steps.experience(self.state, self.frozen, rollout, raw_scores)
+      self.state, upd_metrics = self.steps.update(
+          self.state, self.frozen, batch, exp_metrics["objective/kl"]
+      )
     if c.replay_buffer_size:
       if c.replay_batches_per_update and len(self.replay) > 0:
         picks = self._replay_rng.integers(0, len(self.replay), c.replay_batches_per_update)
