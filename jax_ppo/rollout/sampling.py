@@ -95,7 +95,7 @@ def filter_logits(
   return top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
 
 
-def categorical(rng: Array, logits: Array) -> Array:
+def categorical(rng: Array, logits: Array, *, block: int = 128) -> Array:
   r"""Draws one index per row of `[B, V]` logits from :math:`\mathrm{softmax}(\mathrm{logits})`
   by inverting the CDF with one uniform per row.
 
@@ -104,21 +104,40 @@ def categorical(rng: Array, logits: Array) -> Array:
 
   the smallest `j` with :math:`c_j > u`, so an index of zero weight (a `-inf` logit) is never
   drawn. Same distribution as `jax.random.categorical` (Gumbel-max) but one exponential per
-  entry and `B` random numbers instead of two logarithms and `B x V` random numbers: on CPU it is
-  about 3x cheaper per decode step at vocab 2048.
+  entry and `B` random numbers instead of two logarithms and `B x V` random numbers.
+
+  The CDF is inverted in two levels, so no prefix sum runs over the whole vocabulary (XLA's
+  `cumsum` of `[64, 50257]` costs more than the rest of the sampling on CPU): the entries are
+  grouped in blocks of `block`, `u` picks a block by the prefix sums of the block totals, and
+  then an entry by the prefix sums inside that block. A picked block always has non-zero weight
+  (its prefix sum exceeds the previous one), and the remainder of `u` is clamped below the
+  block's own total, so rounding can never pick an entry of zero weight.
+
+  Args:
+    rng: PRNG key.
+    logits: `[B, V]` float logits; `-inf` entries are never drawn (each row needs one finite).
+    block: static entries per block (the last block is zero-padded).
 
   Returns:
     `[B]` int32 indices.
   """
   logits = jnp.asarray(logits, jnp.float32)
+  b, v = logits.shape
   weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))
-  cdf = jnp.cumsum(weights, axis=-1)
-  total = cdf[..., -1:]
-  # The product can round up to `total`; clamping below it keeps the index in range and on an
-  # entry of non-zero weight (the first `j` with `c_j = total` has one).
-  u = jax.random.uniform(rng, total.shape, jnp.float32) * total
-  u = jnp.minimum(u, jnp.nextafter(total, jnp.zeros_like(total)))
-  return jnp.sum(cdf <= u, axis=-1, dtype=jnp.int32)
+  n_blocks = -(-v // block)
+  w = jnp.pad(weights, ((0, 0), (0, n_blocks * block - v))).reshape(b, n_blocks, block)
+  block_cdf = jnp.cumsum(jnp.sum(w, axis=-1), axis=-1)  # [B, n_blocks]
+  total = block_cdf[:, -1:]
+  below = lambda c: jnp.nextafter(c, jnp.zeros_like(c))  # the largest float under `c`
+  # The product can round up to `total`; clamping below it keeps `u` inside the last block of
+  # non-zero weight.
+  u = jnp.minimum(jax.random.uniform(rng, total.shape, jnp.float32) * total, below(total))
+  j = jnp.minimum(jnp.sum(block_cdf <= u, axis=-1), n_blocks - 1)  # [B] the block
+  before = jnp.take_along_axis(block_cdf, jnp.maximum(j - 1, 0)[:, None], axis=1)
+  before = jnp.where(j[:, None] > 0, before, 0.0)
+  cdf = jnp.cumsum(jnp.take_along_axis(w, j[:, None, None], axis=1)[:, 0], axis=-1)
+  rest = jnp.minimum(u - before, below(cdf[:, -1:]))
+  return (j * block + jnp.sum(cdf <= rest, axis=-1)).astype(jnp.int32)
 
 
 def sample_tokens(

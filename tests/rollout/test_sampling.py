@@ -100,24 +100,30 @@ def test_sampling_frequencies_match_the_filtered_distribution():
     ),
     masked=hnp.arrays(bool, (3, 9)),
     seed=st.integers(0, 2**31 - 1),
+    block=st.sampled_from([1, 2, 4, 128]),
 )
-def test_categorical_never_draws_a_masked_entry(logits, masked, seed):
-  masked[:, 0] = False  # every row keeps at least one entry
+def test_categorical_never_draws_a_masked_entry(logits, masked, seed, block):
+  masked[np.arange(3), seed % 9] = False  # every row keeps at least one entry
   x = np.where(masked, -np.inf, logits).astype(np.float32)
-  tokens = np.asarray(sampling.categorical(jax.random.PRNGKey(seed), jnp.asarray(x)))
+  tokens = np.asarray(
+      sampling.categorical(jax.random.PRNGKey(seed), jnp.asarray(x), block=block)
+  )
   assert tokens.dtype == np.int32
   assert ((tokens >= 0) & (tokens < 9)).all()
   assert np.isfinite(x[np.arange(3), tokens]).all()
 
 
-def test_categorical_frequencies_match_softmax_including_the_last_entry():
+@pytest.mark.parametrize("block", [2, 4, 128])
+def test_categorical_frequencies_match_softmax_including_the_last_entry(block):
   # A chi-square check of the inverse-CDF draw against the exact probabilities, with most of the
-  # mass on the last entry (where rounding of `u * total` would overflow the range).
+  # mass on the last entry (where rounding of `u * total` would overflow the range). Blocks of
+  # 2 and 4 split the six entries over several blocks, one of them partly padding.
   p = np.array([0.02, 0.0, 0.08, 0.1, 0.0, 0.8])
   logits = jnp.asarray(np.log(np.where(p > 0, p, 1.0)) + np.where(p > 0, 0.0, -np.inf),
                        jnp.float32)[None]
   n = 40000
-  draw = jax.jit(jax.vmap(sampling.categorical, in_axes=(0, None)))
+  draw = jax.jit(jax.vmap(functools.partial(sampling.categorical, block=block),
+                          in_axes=(0, None)))
   tokens = np.asarray(draw(jax.random.split(jax.random.PRNGKey(3), n), logits)).ravel()
   counts = np.bincount(tokens, minlength=6)
   assert counts[1] == counts[4] == 0
@@ -126,13 +132,32 @@ def test_categorical_frequencies_match_softmax_including_the_last_entry():
   assert chi2 < 16.3  # the 0.999 quantile of chi-square with 3 degrees of freedom
 
 
-def test_categorical_uniform_at_the_top_of_its_range_stays_in_range(monkeypatch):
-  # u * total rounding up to total must still give the last entry of non-zero weight.
+@pytest.mark.parametrize("block", [1, 2, 3, 128])
+def test_categorical_uniform_at_the_top_of_its_range_stays_in_range(monkeypatch, block):
+  # u * total rounding up to total must still give the last entry of non-zero weight, also when
+  # that entry is followed by masked entries in its own block or in later ones.
   monkeypatch.setattr(
       sampling.jax.random, "uniform", lambda key, shape, dtype: jnp.full(shape, 1.0, dtype)
   )
   x = jnp.asarray([[0.0, 1.0, -jnp.inf, -jnp.inf], [0.5, 0.0, 0.0, 2.0]], jnp.float32)
-  np.testing.assert_array_equal(sampling.categorical(jax.random.PRNGKey(0), x), [1, 3])
+  np.testing.assert_array_equal(
+      sampling.categorical(jax.random.PRNGKey(0), x, block=block), [1, 3]
+  )
+
+
+def test_categorical_at_a_large_vocabulary_matches_softmax():
+  # GPT-2's vocabulary (50257, not a multiple of the block): frequencies of the likeliest
+  # entries against their probabilities, and the far end of the vocabulary is reachable.
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=50257).astype(np.float32)
+  logits[[7, 30000, 50256]] += 9.0
+  p = np.asarray(jax.nn.softmax(jnp.asarray(logits)))
+  n = 20000
+  draw = jax.jit(jax.vmap(sampling.categorical, in_axes=(0, None)))
+  tokens = np.asarray(draw(jax.random.split(jax.random.PRNGKey(4), n), jnp.asarray(logits)[None]))
+  freq = np.bincount(tokens.ravel(), minlength=50257) / n
+  for i in (7, 30000, 50256):
+    assert abs(freq[i] - p[i]) < 4 * np.sqrt(p[i] * (1 - p[i]) / n), (i, freq[i], p[i])
 
 
 def test_traced_top_p_does_not_recompile():
