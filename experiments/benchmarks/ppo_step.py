@@ -12,7 +12,8 @@ The training forward/backward runs its layers unrolled and the sampler scans the
 
 jax_ppo runs `--warmup` updates (compilation) and then `--updates` timed ones through
 `PPOTrainer.step`, whose metrics split each update into rollout (sampling), scoring (reward
-model) and update (old/reference log-probs, values, GAE, then 4 epochs of fwd+bwd and AdamW).
+model) and update (reference log-probs, GAE, then 4 epochs of fwd+bwd and AdamW; with one
+minibatch the first epoch's forward pass also gives the old log-probs and values).
 With `--trl-python PATH` (a Python with trl==1.12.0, see shared/peers/trl_cpu/README.md) the
 same run then starts TRL's benchmark script in a subprocess and reports the ratio.
 
@@ -138,7 +139,8 @@ def run_trl(args) -> dict | None:
       "score_s": trl["median_rollout_score_s_after_first"],
       "update_s": trl["median_ppo_opt_s_after_first"],
       "note": "TRL's score_s covers the ref, value and reward forwards; jax_ppo's update_s "
-              "includes its ref/value forwards.",
+              "includes its ref forward (its old log-probs and values come from the first "
+              "epoch's forward pass).",
   }
 
 
