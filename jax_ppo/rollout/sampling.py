@@ -9,6 +9,8 @@ untouched, and the behaviour log-probabilities are always taken from `logits / t
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -95,6 +97,7 @@ def filter_logits(
   return top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
 
 
+@functools.partial(jax.jit, static_argnames=("block",))
 def categorical(rng: Array, logits: Array, *, block: int = 128) -> Array:
   r"""Draws one index per row of `[B, V]` logits from :math:`\mathrm{softmax}(\mathrm{logits})`
   by inverting the CDF with one uniform per row.
@@ -116,7 +119,8 @@ def categorical(rng: Array, logits: Array, *, block: int = 128) -> Array:
   Args:
     rng: PRNG key.
     logits: `[B, V]` float logits; `-inf` entries are never drawn (each row needs one finite).
-    block: static entries per block (the last block is zero-padded).
+    block: static entries per block (the last block is zero-padded). The function is jitted
+      (one program per shape and block, also when called eagerly).
 
   Returns:
     `[B]` int32 indices.
