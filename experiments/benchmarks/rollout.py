@@ -78,9 +78,9 @@ def _decode_bytes_per_step(model_config, *, params_bytes: int, batch: int, cache
   At batch 8 a decode step does 16 flops per 4-byte fp32 weight, so on a CPU it is bound by
   memory bandwidth, not by the matmul peak; this is the floor that bounds any implementation.
   """
-  c = model_config
-  kv = 2 * c.num_layers * batch * c.num_kv_heads * cache_len * c.head_dim * 4
-  return params_bytes + kv
+  from jax_ppo.rollout.sampler import kv_cache_bytes
+
+  return params_bytes + kv_cache_bytes(model_config, batch_size=batch, max_length=cache_len)
 
 
 def main(argv=None) -> dict:

@@ -208,6 +208,12 @@ def generate(
   )
 
 
+def kv_cache_bytes(model_config, *, batch_size: int, max_length: int, itemsize: int = 4) -> int:
+  """Bytes of a `KVCache`'s keys and values: :math:`2 L B T K D_h \\cdot \\text{itemsize}`."""
+  c = model_config
+  return 2 * c.num_layers * batch_size * max_length * c.num_kv_heads * c.head_dim * itemsize
+
+
 def estimate_generation_bytes(
     model_config,
     *,
@@ -237,7 +243,7 @@ def estimate_generation_bytes(
   """
   c = model_config
   b, s, t = batch_size, prompt_length, max_new_tokens
-  kv = 2 * c.num_layers * b * (s + t) * c.num_kv_heads * c.head_dim * cache_itemsize
+  kv = kv_cache_bytes(c, batch_size=b, max_length=s + t, itemsize=cache_itemsize)
   scores = b * c.num_heads * s * s * 4
   widest = max(c.intermediate_size * 3, c.hidden_size * 4, c.q_size + 2 * c.kv_size)
   prefill = scores + b * s * widest * activation_itemsize
@@ -396,6 +402,7 @@ __all__ = [
     "choose_micro_batch",
     "estimate_generation_bytes",
     "generate",
+    "kv_cache_bytes",
     "param_bytes",
     "response_logits",
     "teacher_forced_logprobs",

@@ -16,6 +16,7 @@ from jax_ppo.rollout.sampler import (
     Sampler,
     choose_micro_batch,
     estimate_generation_bytes,
+    kv_cache_bytes,
     param_bytes,
     teacher_forced_logprobs,
 )
@@ -150,6 +151,14 @@ def test_micro_batches_give_the_same_rollout(llama):
   split = small(PROMPTS, jax.random.PRNGKey(7))
   np.testing.assert_array_equal(whole.response_ids, split.response_ids)
   np.testing.assert_allclose(whole.logprobs, split.logprobs, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kv_cache_bytes_is_the_size_of_the_cache(llama, dtype):
+  cache = llama.init_cache(batch_size=3, max_length=11, dtype=dtype)
+  want = cache.k.nbytes + cache.v.nbytes
+  itemsize = jnp.dtype(dtype).itemsize
+  assert kv_cache_bytes(LLAMA, batch_size=3, max_length=11, itemsize=itemsize) == want
 
 
 def test_memory_estimate_grows_with_batch_and_budget_errors():
