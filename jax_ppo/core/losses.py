@@ -94,9 +94,8 @@ def ppo_policy_loss(
   valid = jnp.asarray(mask) != 0
   # Padding gets log-ratio 0 (ratio 1, KL 0) and advantage 0, so even NaN there cannot leak
   # into gradients through the `where` (RLHF_DETAILS.md item 9).
-  log_ratio = jnp.where(
-      valid, jnp.asarray(logprobs, jnp.float32) - jnp.asarray(old_logprobs, jnp.float32), 0.0
-  )
+  old = jax.lax.stop_gradient(jnp.asarray(old_logprobs, jnp.float32))
+  log_ratio = jnp.where(valid, jnp.asarray(logprobs, jnp.float32) - old, 0.0)
   adv = jnp.where(valid, jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32)), 0.0)
   ratio = jnp.exp(log_ratio)
   high = clip_eps if clip_eps_high is None else clip_eps_high

@@ -282,6 +282,28 @@ def test_policy_gradient_is_zero_exactly_where_the_ratio_is_clipped_in_the_advan
   assert_close(metrics["dual_clipfrac"], ref_token_mean(capped, mask), atol=1e-6)
 
 
+@given(policy_inputs())
+def test_policy_loss_takes_no_gradient_through_old_logprobs_or_advantages(data):
+  """The behaviour log-probs and advantages are data (docstring contract): the gradient with
+  respect to them is exactly zero, also when `old_logprobs` is the same traced value as
+  `logprobs` (the fused first epoch, where the ratio is 1 but the gradient must not vanish)."""
+  logprobs, old, adv, mask, hparams = data
+  kwargs = {k: hparams[k] for k in ("clip_eps",)}
+
+  def loss(lp, old_lp, a):
+    return ppo_policy_loss(lp, old_lp, a, mask, **kwargs)[0]
+
+  g_old, g_adv = jax.grad(loss, argnums=(1, 2))(logprobs, old, adv)
+  assert np.all(np.asarray(g_old) == 0.0)
+  assert np.all(np.asarray(g_adv) == 0.0)
+  # Same value as both arguments: only the `logprobs` path carries a gradient, which is then
+  # -A / N_valid on valid tokens (ratio 1, token-mean), not zero.
+  g_same = jax.grad(lambda lp: loss(lp, lp, adv))(logprobs)
+  valid = np.asarray(mask) != 0
+  expected = np.where(valid, -np.asarray(adv, np.float64) / max(valid.sum(), 1), 0.0)
+  assert_close(g_same, expected, rtol=1e-5, atol=1e-7)
+
+
 @given(policy_inputs(inside_clip_range=True))
 def test_policy_loss_is_the_unclipped_surrogate_inside_the_clip_range(data):
   logprobs, old, adv, mask, hparams = data
