@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CORE_API = DOCS / "core_api.md"
-RLHF_DETAILS = DOCS / "rlhf_details.md"
+DETAILS_DOC = DOCS / "rlhf_details.md"
 N_ITEMS = 22
 NOT_TESTED = "**Not yet tested:**"
 
@@ -82,7 +82,7 @@ def _metrics_section(text: str) -> str:
   return text[start : end.start() if end else len(text)]
 
 
-@pytest.mark.parametrize("doc", [CORE_API, RLHF_DETAILS, ROOT / "README.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [CORE_API, DETAILS_DOC, ROOT / "README.md"], ids=lambda p: p.name)
 def test_relative_links_point_at_existing_files(doc):
   text = _read(doc)
   missing = [
@@ -98,7 +98,7 @@ def test_readme_points_at_the_docs():
   assert {"docs/core_api.md", "docs/rlhf_details.md"} <= links
 
 
-@pytest.mark.parametrize("doc", [CORE_API, RLHF_DETAILS], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [CORE_API, DETAILS_DOC], ids=lambda p: p.name)
 def test_linked_tests_are_defined_in_the_linked_file(doc):
   problems = []
   for label, target in _test_links(_read(doc)):
@@ -114,7 +114,7 @@ def test_linked_tests_are_defined_in_the_linked_file(doc):
 
 
 def test_every_detail_links_a_test_or_says_it_is_untested():
-  items = _items(_read(RLHF_DETAILS))
+  items = _items(_read(DETAILS_DOC))
   assert sorted(items) == list(range(1, N_ITEMS + 1)), (
       f"docs/rlhf_details.md must number its items 1..{N_ITEMS} once each, got {sorted(items)}"
   )
@@ -136,7 +136,7 @@ def test_every_detail_links_a_test_or_says_it_is_untested():
 
 
 def test_metric_names_are_ones_the_library_logs():
-  section = _metrics_section(_read(RLHF_DETAILS))
+  section = _metrics_section(_read(DETAILS_DOC))
   names = re.findall(r"^\| `([^`]+)` \|", section, re.M)
   assert len(names) >= 20, names
   literals = set()
