@@ -26,14 +26,15 @@ from flax import nnx
 from jax_ppo.core import position_ids_from_mask
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.layers import (
-    Embed,
-    Linear,
-    Norm,
-    activation_fn,
-    apply_rope,
-    attention,
-    rope_cos_sin,
+  Embed,
+  Linear,
+  Norm,
+  activation_fn,
+  apply_rope,
+  attention,
+  rope_cos_sin,
 )
+from jax_ppo.models.packing import restrict_to_segments
 
 Array = jax.Array
 
@@ -274,6 +275,7 @@ class Decoder(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
       return_kv: bool = False,
   ):
@@ -283,9 +285,10 @@ class Decoder(nnx.Module):
       input_ids: `[B, S]` int token ids.
       attention_mask: `[B, S]` bool/int, 1 on real tokens (left or right padding); None means
         all ones. Query `s` attends to key `t` iff `t <= s` and `attention_mask[b, t]` (and, with a
-        sliding window, `pos_s - pos_t < window`).
+        sliding window, `pos_s - pos_t < window`; with `segment_ids`, `t` is in `s`'s segment).
       positions: `[B, S]` int position ids; default `position_ids_from_mask(attention_mask)`
-        (`cumsum(mask) - 1`, RLHF_DETAILS.md item 2).
+        (`cumsum(mask) - 1`, item 2), restarting at 0 in each segment with `segment_ids`.
+      segment_ids: `[B, S]` int sequence of each slot of packed rows (`models.packing`) or None.
       use_lora: apply the LoRA adapters (False gives the frozen base / reference model).
       return_kv: also return the per-layer keys and values `[L, B, S, K, Dh]` (for `prefill`).
 
@@ -298,16 +301,16 @@ class Decoder(nnx.Module):
     if attention_mask is None:
       attention_mask = jnp.ones((b, s), bool)
     if attention_mask.shape != (b, s):
-      raise ValueError(
-          f"`attention_mask` must match `input_ids` [B, S] = {(b, s)}, got {attention_mask.shape}."
-      )
+      raise ValueError(f"`attention_mask` must be [B, S] = {(b, s)}, got {attention_mask.shape}.")
     valid = attention_mask != 0
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    base_mask = causal[None] & valid[:, None, :]
+    if segment_ids is not None:
+      base_mask, positions = restrict_to_segments(base_mask, segment_ids, positions)
     if positions is None:
       positions = position_ids_from_mask(valid)
     h = self._embed(input_ids, positions)
     cos, sin = self._rope(positions)
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    base_mask = causal[None] & valid[:, None, :]
     distance = positions[:, :, None] - positions[:, None, :]
 
     def body(h, layer: Block, i, window):
@@ -469,10 +472,12 @@ class CausalLM(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
   ) -> Array:
     """Final hidden states `[B, S, D]` of the trunk (after the final norm), for heads."""
-    return self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+    return self.decoder(input_ids, attention_mask, positions=positions, segment_ids=segment_ids,
+                        use_lora=use_lora)
 
   def __call__(
       self,
@@ -480,6 +485,7 @@ class CausalLM(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
       return_hidden: bool = False,
   ):
@@ -488,7 +494,8 @@ class CausalLM(nnx.Module):
     With `return_hidden=True` returns `(logits, hidden)`, hidden `[B, S, D]`; a value head on
     the same trunk reads `hidden` (`values_from_hidden`) without a second forward pass.
     """
-    h = self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+    h = self.decoder(input_ids, attention_mask, positions=positions, segment_ids=segment_ids,
+                     use_lora=use_lora)
     logits = self.logits_from_hidden(h)
     return (logits, h) if return_hidden else logits
 
