@@ -7,7 +7,9 @@ One checkpoint per saved step, under `directory/<step>/`, with two Orbax items:
   and shardings come back as they are in the running program;
 * `meta`: a JSON object `{"format", "step", "config", "extra"}`: the run's configuration as a
   plain dict (`jax_ppo.config_io.config_to_dict`), and whatever the trainer needs besides the
-  arrays (data position, monitor state, host step...).
+  arrays (data position, monitor state, host step...);
+* `arrays` (only when `save(..., arrays=...)` gives some): further pytrees of arrays stored
+  beside the state (e.g. a replay buffer whose shapes vary), read back with `restore_arrays`.
 
 Saving, retention and asynchrony are Orbax's (`CheckpointManager`): a `FixedIntervalPolicy`
 decides which steps are saved, `LatestN` + `BestN` which are kept (the last `keep_last` and the
@@ -39,6 +41,7 @@ BEST_MODES = ("max", "min")
 FORMAT_VERSION = 1
 STATE_ITEM = "state"
 META_ITEM = "meta"
+ARRAYS_ITEM = "arrays"
 
 
 class CheckpointError(RuntimeError):
@@ -275,6 +278,7 @@ class RunCheckpointer:
         item_handlers={
             STATE_ITEM: ocp.StandardCheckpointHandler(),
             META_ITEM: ocp.JsonCheckpointHandler(),
+            ARRAYS_ITEM: ocp.StandardCheckpointHandler(),
         },
     )
     latest = self.latest_step()
@@ -323,6 +327,8 @@ class RunCheckpointer:
       state: Any,
       metrics: Mapping[str, Any] | None = None,
       extra: Mapping[str, Any] | None = None,
+      *,
+      arrays: Mapping[str, Any] | None = None,
   ) -> bool:
     """Saves when `step` is a multiple of `save_every` (and newer than the latest checkpoint).
 
@@ -333,11 +339,13 @@ class RunCheckpointer:
       metrics: this step's metrics; finite scalars are stored with the checkpoint and rank it
         for `best_metric`.
       extra: JSON-serialisable dict restored with the state (data position, monitor...).
+      arrays: further pytrees of arrays stored beside the state (e.g. a replay buffer), read
+        back with `restore_arrays`; None or {}: none.
 
     Returns:
       True when a checkpoint was started.
     """
-    return self._save(step, state, metrics, extra, force=False)
+    return self._save(step, state, metrics, extra, arrays, force=False)
 
   def save(
       self,
@@ -345,11 +353,13 @@ class RunCheckpointer:
       state: Any,
       metrics: Mapping[str, Any] | None = None,
       extra: Mapping[str, Any] | None = None,
+      *,
+      arrays: Mapping[str, Any] | None = None,
   ) -> bool:
     """Saves `step` regardless of `save_every` (no-op, False, when it is already saved)."""
-    return self._save(step, state, metrics, extra, force=True)
+    return self._save(step, state, metrics, extra, arrays, force=True)
 
-  def _save(self, step, state, metrics, extra, *, force: bool) -> bool:
+  def _save(self, step, state, metrics, extra, arrays, *, force: bool) -> bool:
     if self.read_only:
       raise CheckpointError(f"RunCheckpointer on {str(self.directory)!r} is read-only.")
     step = int(step)
@@ -374,12 +384,12 @@ class RunCheckpointer:
     scalars = _finite_scalars(metrics)
     if self.best_metric is not None:
       scalars.setdefault(self.best_metric, None)
+    items = {STATE_ITEM: ocp.args.StandardSave(state), META_ITEM: ocp.args.JsonSave(meta)}
+    if arrays:
+      items[ARRAYS_ITEM] = ocp.args.StandardSave(dict(arrays))
     saved = self._manager.save(
         step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
-            META_ITEM: ocp.args.JsonSave(meta),
-        }),
+        args=ocp.args.Composite(**items),
         metrics=scalars if self.best_metric is not None else None,
         force=force,
     )
@@ -425,6 +435,30 @@ class RunCheckpointer:
     if jax.tree.structure(state) != jax.tree.structure(target):
       raise self._unreadable(step, ValueError("the restored tree has another structure"))
     return state, dict(meta["extra"])
+
+  def restore_arrays(self, step: int, *, like: Mapping[str, Any]) -> dict[str, Any]:
+    """Restores the `arrays` saved with `step` into the structure, dtypes and shardings of `like`.
+
+    Args:
+      step: a committed step saved with `arrays`.
+      like: `{name: pytree}` of live arrays or `jax.ShapeDtypeStruct`s, as saved.
+
+    Raises:
+      CheckpointError: the step does not exist, holds no arrays, or they cannot be read into
+        `like`.
+    """
+    self.wait()
+    self._check_step(step)
+    target = abstract_like(dict(like))
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**{
+          ARRAYS_ITEM: ocp.args.StandardRestore(target)
+      }))[ARRAYS_ITEM]
+    except Exception as e:
+      raise self._unreadable(step, e) from e
+    if jax.tree.structure(restored) != jax.tree.structure(target):
+      raise self._unreadable(step, ValueError("the restored arrays have another structure"))
+    return dict(restored)
 
   # ---- lifecycle -------------------------------------------------------------------------------
 
