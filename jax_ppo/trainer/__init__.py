@@ -12,6 +12,7 @@ command line), `perf` (MFU).
 """
 
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
+from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
 from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
 from jax_ppo.trainer.run import (
     REWARD_FUNCTIONS,
@@ -35,7 +36,9 @@ __all__ = [
     "PPOConfig",
     "PPOSteps",
     "PPOTrainer",
+    "RewardModelConfig",
     "RewardModelScorer",
+    "RewardModelTrainer",
     "RunCollapsed",
     "RunConfig",
     "RunOptions",
