@@ -80,7 +80,7 @@ def test_smoke_run_end_to_end_and_resume(tmp_path):
   # The same command again: every stage is done, nothing is retrained or duplicated.
   second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert second.returncode == 0, second.stderr[-3000:]
-  assert "skipped, already done: data, sft, pairs, reward_model" in second.stdout
+  assert "skipped, already done: data, sft, pairs, reward_model, ppo" in second.stdout
   assert summary["table"] in second.stdout
   assert len([r for r in read_jsonl(out / "samples.jsonl") if r["stage"] == "ppo"]) == len(
       samples)

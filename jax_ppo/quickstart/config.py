@@ -51,10 +51,10 @@ class QuickstartConfig:
   """Annotator noise: P(a preferred) = sigmoid((gold(a) - gold(b)) / label_temperature)."""
 
   # --- reward model (Bradley-Terry on the SFT trunk) ---
-  rm_steps: int = 300
+  rm_steps: int = 80
   rm_batch_size: int = 32
   rm_learning_rate: float = 1e-3
-  rm_eval_every: int = 50
+  rm_eval_every: int = 20
 
   # --- PPO ---
   ppo_updates: int = 60
@@ -62,7 +62,7 @@ class QuickstartConfig:
   ppo_minibatches: int = 2
   ppo_epochs: int = 2
   ppo_learning_rate: float = 1e-3
-  kl_coef: float = 0.05
+  kl_coef: float = 0.1
   """KL coefficient beta of the per-token penalty against the SFT model."""
   max_new_tokens: int = 32
   temperature: float = 0.8

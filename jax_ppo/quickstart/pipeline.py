@@ -43,18 +43,21 @@ def run_quickstart(
   Returns a summary: `before` and `after` (the PPO evaluation records at step 0 and at the last
   step: gold score, reward-model score, KL, distinct-2, repetition rate, lengths), `table` (the
   printed before/after table), `timings` (seconds per stage in this invocation; 0 for stages
-  skipped because they were done) and `plots` (PNG paths).
+  skipped because they were done), `cpu_s` (CPU seconds of this process per stage) and `plots`
+  (PNG paths).
   """
   out = pathlib.Path(out)
   _check_config(cfg, out)
   timings: dict[str, float] = {}
+  cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
   skipped: list[str] = []
 
   def timed(name: str, fn, *args, **kwargs):
     log(f"== stage {name}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = fn(*args, **kwargs)
     timings[name] = round(time.perf_counter() - t0, 1)
+    cpu[name] = round(time.process_time() - c0, 1)
     return result
 
   tok, train, held, done = timed("data", stages.stage_data, cfg, out)
@@ -69,7 +72,7 @@ def run_quickstart(
     log(f"   SFT held-out loss {sft_metrics['eval/loss']:.3f} (perplexity "
         f"{sft_metrics['eval/perplexity']:.2f})")
   pairs_train, pairs_eval, sft_samples, done = timed("pairs", stages.stage_pairs, cfg, out, tok,
-                                                     sft_hf)
+                                                     sft_hf, progress=progress)
   if done:
     skipped.append("pairs")
   log(f"   {len(pairs_train)} train / {len(pairs_eval)} held-out preference pairs")
@@ -80,6 +83,8 @@ def run_quickstart(
   else:
     log(f"   reward model held-out accuracy {rm_metrics['eval/accuracy']:.3f}; normalisation "
         f"gain {rm_metrics['normalisation/gain']:.3f} bias {rm_metrics['normalisation/bias']:+.3f}")
+  if (out / "ppo" / "hf" / "config.json").exists():
+    skipped.append("ppo")
   policy_hf = timed("ppo", stages.stage_ppo, cfg, out, tok, sft_hf, rm_hf, progress=progress,
                     log=log)
   t0 = time.perf_counter()
@@ -88,13 +93,13 @@ def run_quickstart(
   for name in skipped:
     timings[name] = 0.0
   with (out / "timings.json").open("a") as f:
-    f.write(json.dumps({"timings_s": timings, "skipped": skipped}) + "\n")
+    f.write(json.dumps({"timings_s": timings, "cpu_s": cpu, "skipped": skipped}) + "\n")
 
   evals = report.ppo_evaluations(out)
   before, after = evals[0], evals[-1]
   table = report.before_after_table(before, after)
   summary = {
-      "before": before, "after": after, "table": table, "timings": timings,
+      "before": before, "after": after, "table": table, "timings": timings, "cpu_s": cpu,
       "skipped": skipped, "plots": [str(p) for p in plots], "policy": str(policy_hf),
       "reward_model": str(rm_hf), "sft_policy": str(sft_hf),
   }
@@ -110,5 +115,6 @@ def run_quickstart(
   log("")
   log("Stage times (s): " + ", ".join(f"{k} {v}" for k, v in timings.items())
       + (f" (skipped, already done: {', '.join(skipped)})" if skipped else ""))
+  log("CPU seconds (all threads): " + ", ".join(f"{k} {v}" for k, v in cpu.items()))
   log(f"Policy: {policy_hf}   plots: {out / 'plots'}")
   return summary

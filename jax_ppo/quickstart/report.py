@@ -22,7 +22,8 @@ PLOTS = (
     ("ppo_kl.png", "KL to the SFT model (nats per response)", [
         ("ppo", None, "objective/kl", "rollouts"), ("", "ppo", "eval/kl", "eval")]),
     ("ppo_entropy.png", "Policy entropy (nats per token)", [
-        ("ppo", None, "objective/entropy", "rollouts"), ("", "ppo", "eval/entropy", "eval")]),
+        ("ppo", None, "policy/entropy_avg", "updates"),
+        ("", "ppo", "eval/entropy", "eval (-log-prob of samples)")]),
     ("ppo_response_length.png", "Response length", [
         ("ppo", None, "response_length/mean", "tokens (rollouts)"),
         ("", "ppo", "gold/length_words", "words (eval)")]),

@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import tqdm
 from flax import nnx
 
 from jax_ppo.data import reviews
@@ -188,23 +189,30 @@ def encode_prompts(tokenizer, prompts: Sequence[str]) -> list[list[int]]:
 
 
 def sample_texts(policy, tokenizer, prompts: Sequence[str], *, cfg: QuickstartConfig,
-                 n_samples: int, seed: int) -> list[list[str]]:
-  """`n_samples` sampled responses (special tokens removed) per prompt."""
+                 n_samples: int, seed: int, chunk_size: int = 128,
+                 progress: bool = True) -> list[list[str]]:
+  """`n_samples` sampled responses (special tokens removed) per prompt, sampled `chunk_size`
+  prompts at a time (chunk `i` with key `fold_in(key(seed), i)`)."""
   sampling = SamplingConfig(
       max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
       stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,
       n_samples=n_samples,
   )
   sampler = Sampler(policy, sampling)
-  rollout = sampler(encode_prompts(tokenizer, prompts), jax.random.PRNGKey(seed))
-  ids = np.asarray(rollout.response_ids)
-  mask = np.asarray(rollout.response_mask).astype(bool)
-  texts = [tokenizer.decode(i[m].tolist(), skip_special_tokens=True) for i, m in zip(ids, mask,
-                                                                                     strict=True)]
+  ids = encode_prompts(tokenizer, prompts)
+  texts = []
+  starts = range(0, len(prompts), chunk_size)
+  for i, start in enumerate(tqdm.tqdm(starts, desc="sample", unit="batch", disable=not progress)):
+    rollout = sampler(ids[start:start + chunk_size], jax.random.fold_in(jax.random.key(seed), i))
+    response_ids = np.asarray(rollout.response_ids)
+    mask = np.asarray(rollout.response_mask).astype(bool)
+    texts.extend(tokenizer.decode(r[m].tolist(), skip_special_tokens=True)
+                 for r, m in zip(response_ids, mask, strict=True))
   return [texts[k * n_samples:(k + 1) * n_samples] for k in range(len(prompts))]
 
 
-def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathlib.Path):
+def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathlib.Path, *,
+                progress: bool = True):
   """Two SFT-policy samples per prompt, labelled by the gold scorer plus noise; returns
   `(train pairs, eval pairs, sft samples [{prompt, response}], skipped)`."""
   d = out / "pairs"
@@ -214,7 +222,8 @@ def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pat
   d.mkdir(parents=True, exist_ok=True)
   policy = from_pretrained(str(sft_hf))
   prompts = review_prompts(cfg.pair_prompts, seed=cfg.seed + 1)
-  samples = sample_texts(policy, tokenizer, prompts, cfg=cfg, n_samples=2, seed=cfg.seed + 2)
+  samples = sample_texts(policy, tokenizer, prompts, cfg=cfg, n_samples=2, seed=cfg.seed + 2,
+                         progress=progress)
   pairs = reviews.label_pairs(prompts, [s[0] for s in samples], [s[1] for s in samples],
                               temperature=cfg.label_temperature, seed=cfg.seed + 3)
   if len(pairs) < 4:
