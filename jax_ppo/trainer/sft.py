@@ -338,7 +338,8 @@ class SFTTrainer:
     config: the run's `SFTConfig`.
     model: a `jax_ppo.models.CausalLM` (with LoRA adapters from `add_lora` to train only them).
     train_data: records (mappings: `messages`, or `prompt`/`response` strings; needs
-      `tokenizer`), `SFTExample`s, or `(prompt_ids, response_ids)` pairs.
+      `tokenizer`), `(prompt_ids, response_ids)` pairs (EOS appended as for records), or
+      `SFTExample`s (used as they are).
     eval_data: the held-out split, in the same forms; None holds out `config.eval_fraction` of
       `train_data` (or nothing).
     tokenizer: a transformers tokenizer (records, EOS/pad ids, export).

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from jax_ppo.data.sft import SFTExample, encode_record, example_from_ids, pad_examples
-from jax_ppo.models import from_pretrained
+from jax_ppo.models import LoRAConfig, add_lora, from_pretrained
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.trainer import RunOptions, SFTConfig, SFTTrainer
 from jax_ppo.trainer.sft import SFTBatch, sft_loss
@@ -222,6 +222,8 @@ def test_chat_and_plain_records_through_the_tokenizer(tmp_path):
       tokenizer=tok)
   assert trainer.train_rows.input_ids[0, :8].tolist() == [5, 7, 3, 6, 7, 8, 4, 2]
   assert trainer.pad_token_id == 0
+  path = trainer.export(tmp_path / "hf")  # the model and its tokenizer, one HF folder
+  assert (path / "config.json").is_file() and (path / "tokenizer.json").is_file()
 
 
 def test_long_examples_keep_the_prompt_and_cut_the_response():
@@ -264,6 +266,21 @@ def test_trainer_errors():
                   _examples(9)).total_steps == 9  # 3 batches per epoch
 
 
+def test_lora_sft_trains_only_the_adapters():
+  model = add_lora(CausalLM(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2, alpha=4),
+                   rngs=nnx.Rngs(1))
+  trainer = SFTTrainer(BASE, model, train_data=_examples())
+  assert trainer.lora
+  leaves = jax.tree_util.tree_leaves_with_path(trainer.state.params)
+  assert leaves and all("lora" in jax.tree_util.keystr(p) for p, _ in leaves)
+  before = jax.tree.map(np.asarray, trainer.state.params)
+  rest = jax.tree.map(np.asarray, trainer.rest)
+  trainer.step()
+  assert any(not np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(before), jax.tree.leaves(trainer.state.params), strict=True))
+  jax.tree.map(np.testing.assert_array_equal, rest, jax.tree.map(np.asarray, trainer.rest))
+
+
 @pytest.mark.slow
 def test_run_folder_resumes_like_the_uninterrupted_run_and_exports(tmp_path):
   opts = RunOptions(save_every=2, progress=False, tensorboard=False, async_checkpointing=False)
@@ -278,6 +295,7 @@ def test_run_folder_resumes_like_the_uninterrupted_run_and_exports(tmp_path):
   assert second.step_count == 3
   second.train()
   second.close()
+  assert second.steps.train_step._cache_size() == 1  # a restored state compiles nothing new
   jax.tree.map(np.testing.assert_array_equal, want, jax.tree.map(np.asarray, second.state))
   logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
             .splitlines()]
