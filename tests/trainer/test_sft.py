@@ -42,16 +42,19 @@ def _trainer(config=BASE, examples=None, seed=0, **kwargs):
 def _numpy_nll(trainer, examples):
   """Reference: every example run alone; -log softmax of each response token given its prefix,
   in float64 NumPy. Returns the summed NLL and the number of response tokens."""
-  model = trainer.model()
+  graphdef, state = nnx.split(trainer.model())
+  forward = jax.jit(lambda s, ids: nnx.merge(graphdef, s)(ids))
   total, count = 0.0, 0
   for ex in examples:
-    ids = np.asarray(ex.prompt_ids + ex.response_ids)[None]
-    logits = np.asarray(model(jnp.asarray(ids)), np.float64)[0]
+    ids = np.asarray(ex.prompt_ids + ex.response_ids)
+    padded = np.zeros(12, np.int32)  # one compiled shape; causal: the tail changes nothing
+    padded[: len(ids)] = ids
+    logits = np.asarray(forward(state, jnp.asarray(padded[None])), np.float64)[0, : len(ids)]
     z = logits - logits.max(-1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     p = len(ex.prompt_ids)
-    for j in range(max(p, 1), ids.shape[1]):  # token j is predicted at slot j - 1
-      total -= logp[j - 1, ids[0, j]]
+    for j in range(max(p, 1), len(ids)):  # token j is predicted at slot j - 1
+      total -= logp[j - 1, ids[j]]
       count += 1
   return total, count
 
@@ -67,7 +70,7 @@ def test_loss_equals_numpy_reference_with_global_token_normalisation():
   counts = rows.loss_mask.reshape(2, 2, -1).sum(axis=(1, 2))
   assert counts[0] != counts[1] and counts.sum() == want_n
   batch = SFTBatch.from_rows(rows, packed=False)
-  logits = trainer.steps.logits(trainer.state.params, trainer.rest, batch)
+  logits = jax.jit(trainer.steps.logits)(trainer.state.params, trainer.rest, batch)
   np.testing.assert_allclose(float(sft_loss(logits, batch.targets, batch.loss_mask)),
                              want_sum / want_n, rtol=1e-5)
   metrics = trainer.step()
@@ -84,7 +87,7 @@ def test_prompt_and_padding_tokens_carry_no_loss_or_gradient():
   trainer = _trainer(examples=examples)
   rows = pad_examples(examples, max_length=12, pad_token_id=0)
   batch = SFTBatch.from_rows(rows, packed=False)
-  logits = trainer.steps.logits(trainer.state.params, trainer.rest, batch)
+  logits = jax.jit(trainer.steps.logits)(trainer.state.params, trainer.rest, batch)
   d_logits = jax.grad(lambda z: sft_loss(z, batch.targets, batch.loss_mask))(logits)
   per_slot = np.abs(np.asarray(d_logits)).sum(-1)
   assert np.all(per_slot[~rows.loss_mask] == 0) and np.all(per_slot[rows.loss_mask] > 0)
@@ -93,6 +96,7 @@ def test_prompt_and_padding_tokens_carry_no_loss_or_gradient():
     p, m = len(ex.prompt_ids), ex.num_tokens
     np.testing.assert_array_equal(np.flatnonzero(rows.loss_mask[r]), np.arange(p - 1, m - 1))
 
+  @jax.jit
   def loss_and_grads(b):
     return jax.value_and_grad(lambda params: sft_loss(
         trainer.steps.logits(params, trainer.rest, b), b.targets, b.loss_mask))(
@@ -170,8 +174,9 @@ def test_packed_loss_and_gradient_equal_the_unpacked_ones():
 
   def grads(trainer):
     batch = SFTBatch.from_rows(trainer.eval_rows, packed=trainer.config.packing)
-    return jax.grad(lambda p: sft_loss(trainer.steps.logits(p, trainer.rest, batch),
-                                       batch.targets, batch.loss_mask))(trainer.state.params)
+    return jax.jit(jax.grad(lambda p: sft_loss(trainer.steps.logits(p, trainer.rest, batch),
+                                               batch.targets, batch.loss_mask)))(
+        trainer.state.params)
 
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                grads(plain), grads(packed))
