@@ -111,6 +111,9 @@ class SFTConfig:
   """Decoupled weight decay of AdamW."""
   max_grad_norm: float | None = 1.0
   """Clip gradients by global norm (None disables)."""
+  max_consecutive_skips: int | None = 5
+  """Steps skipped in a row (non-finite loss or gradient: parameters left unchanged) before
+  `train()` stops with `NonFiniteUpdates`; None never stops."""
   train_scan_layers: bool | None = None
   """Layer loop of the training forward/backward (see `PPOConfig.train_scan_layers`)."""
   seed: int = 0
@@ -127,6 +130,9 @@ class SFTConfig:
                        ("num_epochs", 1), ("eval_every", 0), ("warmup_steps", 0)):
       if not is_int(getattr(self, field)) or getattr(self, field) < low:
         bad(field, f"use an int >= {low}")
+    skips = self.max_consecutive_skips
+    if skips is not None and (not is_int(skips) or skips < 1):
+      bad("max_consecutive_skips", "use an int >= 1, or None (never stop)")
     if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
       bad("total_steps", "use an int >= 1, or None for num_epochs passes over the data")
     if self.batch_size % self.gradient_accumulation_steps:
@@ -415,7 +421,7 @@ class SFTTrainer:
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=run_config if run_config is not None else config,
-        total_steps=self.total_steps,
+        total_steps=self.total_steps, max_consecutive_skips=c.max_consecutive_skips,
     )
 
   # -- data ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from jax_ppo.data.sft import SFTExample, encode_record, example_from_ids, pad_ex
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.trainer import RunOptions, SFTConfig, SFTTrainer
+from jax_ppo.trainer.loop import NonFiniteUpdates
 from jax_ppo.trainer.sft import SFTBatch, sft_loss
 from tests.trainer.conftest import EOS, MODEL
 
@@ -252,6 +253,7 @@ def test_long_examples_keep_the_prompt_and_cut_the_response():
     ("eos_token_id", -1, "use a token id >= 0"),
     ("max_grad_norm", 0.0, "use a value > 0 or None"),
     ("prompt_field", "", "non-empty string"),
+    ("max_consecutive_skips", 0, "use an int >= 1, or None"),
 ])
 def test_config_errors_name_the_field_and_the_fix(field, value, match):
   with pytest.raises(ValueError, match=rf"SFTConfig\.\w+=.* is invalid: .*{match}"
@@ -269,6 +271,21 @@ def test_trainer_errors():
     _trainer(examples=[([3], [4]), "text"])
   assert _trainer(dataclasses.replace(BASE, total_steps=None, num_epochs=3),
                   _examples(9)).total_steps == 9  # 3 batches per epoch
+
+
+def test_non_finite_steps_are_skipped_and_stop_the_run():
+  trainer = _trainer(dataclasses.replace(BASE, max_consecutive_skips=2))
+  poisoned = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan), trainer.state.params)
+  trainer.state = trainer.state.replace(params=poisoned)
+  params_before = jax.tree.map(np.asarray, poisoned)  # host copies: the step donates the state
+  opt_before = jax.tree.map(np.asarray, trainer.state.opt_state)
+  with pytest.raises(NonFiniteUpdates, match="2 consecutive steps"):
+    trainer.train(5)
+  assert trainer.step_count == 2
+  jax.tree.map(np.testing.assert_array_equal, params_before,
+               jax.tree.map(np.asarray, trainer.state.params))
+  jax.tree.map(np.testing.assert_array_equal, opt_before,
+               jax.tree.map(np.asarray, trainer.state.opt_state))
 
 
 def test_lora_sft_trains_only_the_adapters():
