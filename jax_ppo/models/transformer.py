@@ -286,8 +286,8 @@ class Decoder(nnx.Module):
       attention_mask: `[B, S]` bool/int, 1 on real tokens (left or right padding); None means
         all ones. Query `s` attends to key `t` iff `t <= s` and `attention_mask[b, t]` (and, with a
         sliding window, `pos_s - pos_t < window`; with `segment_ids`, `t` is in `s`'s segment).
-      positions: `[B, S]` int position ids; default `position_ids_from_mask(attention_mask)`
-        (`cumsum(mask) - 1`, item 2), restarting at 0 in each segment with `segment_ids`.
+      positions: `[B, S]` int position ids; default `cumsum(mask) - 1` (docs/rlhf_details.md
+        item 2), restarting at 0 in each segment with `segment_ids`.
       segment_ids: `[B, S]` int sequence of each slot of packed rows (`models.packing`) or None.
       use_lora: apply the LoRA adapters (False gives the frozen base / reference model).
       return_kv: also return the per-layer keys and values `[L, B, S, K, Dh]` (for `prefill`).
