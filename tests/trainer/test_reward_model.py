@@ -323,3 +323,28 @@ def test_bad_data_errors_name_the_record_and_field():
     t.evaluate()
   with pytest.raises(ValueError, match="either scores or input_ids"):
     t.normalise()
+
+
+@pytest.mark.slow
+def test_lora_trains_only_the_adapters_and_the_head():
+  from jax_ppo.models.lora import LoRAConfig, add_lora
+
+  def flat(tree):
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+  model = add_lora(ScalarModel(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
+  config = RewardModelConfig(batch_size=16, total_steps=3, learning_rate=1e-2, max_length=16)
+  trainer = RewardModelTrainer(config, model, train_data=_toy_records(32, 3))
+  start, rest = flat(trainer.state.params), flat(trainer.rest)
+  assert start and all("lora" in p or "score_head" in p for p in start), sorted(start)
+  trainer.train()
+  end = flat(trainer.state.params)
+  moved = {p for p in start if np.any(end[p] != start[p])}
+  assert any("score_head" in p for p in moved) and any("lora" in p for p in moved), moved
+  for p, v in flat(trainer.rest).items():  # the base weights stay frozen
+    np.testing.assert_array_equal(v, rest[p], err_msg=p)
+  pairs = trainer.train_pairs
+  trainer.normalise(input_ids=pairs.chosen_ids, attention_mask=pairs.chosen_mask)
+  scores = trainer.score(pairs.chosen_ids, pairs.chosen_mask)
+  np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=2e-5)
