@@ -1,6 +1,6 @@
 """`RunCheckpointer`: periodic, asynchronous, resumable checkpoints of a training run (Orbax).
 
-One checkpoint per saved step, under `directory/<step>/`, with two Orbax items:
+One checkpoint per saved step, under `directory/<step>/`, with two or three Orbax items:
 
 * `state`: the `TrainState` pytree (any pytree of arrays), written by Orbax's
   `StandardCheckpointHandler` and restored against the abstract shape of a live state, so dtypes

@@ -23,8 +23,13 @@ Resuming: constructing a trainer on a `run_dir` that holds checkpoints restores 
 the same program again continues the run. The rollout key of update `n` is
 `fold_in(PRNGKey(seed + 1), n)` and the prompt order depends only on the data position, so a
 resumed run reproduces the uninterrupted one exactly. The replay buffer
-(`PPOConfig.replay_buffer_size`) is not checkpointed: it restarts empty, and runs that replay
-resume close to, not exactly like, the uninterrupted run.
+(`PPOConfig.replay_buffer_size`: its batches, which may have different prompt lengths, through
+`RunCheckpointer`'s `arrays`) and the state of its random generator are saved with every
+checkpoint, so runs that replay resume exactly too.
+
+Preemption: SIGTERM or SIGINT during `train()` (main thread, run folder) lets the update in
+flight finish (or abandons it after the rollout, before it changes anything), saves a
+checkpoint and returns; `preempted` names the signal. See `jax_ppo.trainer.loop`.
 
 Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
 checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
@@ -63,6 +68,7 @@ from jax_ppo.trainer.loop import (
     RunCollapsed,
     RunLoop,
     RunOptions,
+    StepAbandoned,
     TrainingHistory,
 )
 from jax_ppo.trainer.monitor import StabilityMonitor
@@ -91,6 +97,15 @@ def _as_scorer(reward, tokenizer):
   if callable(reward):
     return FunctionScorer(reward, tokenizer=tokenizer)
   raise ValueError(f"`reward` must be a reward model, a scorer or a function, got {reward!r}.")
+
+
+def _rng_state(state: dict[str, Any], *, encode: bool) -> dict[str, Any]:
+  """A numpy `PCG64` bit-generator state with its 128-bit integers as decimal strings (JSON
+  stores them exactly) (`encode`), or back."""
+  if state.get("bit_generator") != "PCG64":
+    raise ValueError(f"Expected a PCG64 generator state, got {state.get('bit_generator')!r}.")
+  convert = str if encode else int
+  return {**state, "state": {k: convert(v) for k, v in state["state"].items()}}
 
 
 def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
@@ -252,16 +267,33 @@ class PPOTrainer:
     self.state = state
     self.data_position = int(extra["data_position"])
     self.replay.clear()
+    if extra.get("replay"):  # [{field: [shape, dtype]}] per buffered batch, oldest first
+      sharding = self.state.step.sharding
+      like = [
+          Batch(**{k: jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+                   for k, (shape, dtype) in layout.items()})
+          for layout in extra["replay"]
+      ]
+      restored = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})
+      self.replay.extend(restored["replay"])
+    if extra.get("replay_rng") is not None:
+      self._replay_rng.bit_generator.state = _rng_state(extra["replay_rng"], encode=False)
     self.last_rollout = self.last_scores = self.last_prompt_texts = None
     return extra
 
   def checkpoint_extra(self) -> dict[str, Any]:
     """What a checkpoint stores besides the `TrainState` (JSON), before `RunLoop`'s own."""
-    return {"step": self.step_count, "data_position": self.data_position}
+    return {
+        "step": self.step_count,
+        "data_position": self.data_position,
+        "replay": [{k: [list(x.shape), str(x.dtype)] for k, x in vars(b).items()}
+                   for b in self.replay],
+        "replay_rng": _rng_state(self._replay_rng.bit_generator.state, encode=True),
+    }
 
   def checkpoint_arrays(self) -> dict[str, Any]:
-    """Pytrees of arrays saved beside the `TrainState`."""
-    return {}
+    """Pytrees of arrays saved beside the `TrainState`: the replay buffer's batches."""
+    return {"replay": list(self.replay)} if self.replay else {}
 
   def scale_learning_rate(self, factor: float) -> float:
     """Multiplies `state.lr_scale` by `factor` (a rollback); returns the new scale."""
@@ -333,6 +365,8 @@ class PPOTrainer:
     raw_scores = self.scorer(rollout, self.frozen.reward)
     jax.block_until_ready(raw_scores)
     t_score = time.perf_counter()
+    if self.run.stop_requested:  # preempted: nothing has changed yet, leave the rest undone
+      raise StepAbandoned
 
     if self.steps.fuses_first_epoch:  # the first epoch's forward gives the old log-probs
       self.state, batch, exp_metrics, upd_metrics = self.steps.experience_update(
