@@ -90,6 +90,8 @@ class RewardModelConfig:
   """Record fields (the margin field is optional in a record; absent means 0)."""
   pad_token_id: int | None = None
   """Id written into padding; None: the tokenizer's, or 0."""
+  eos_token_id: int | None = None
+  """Id appended to responses; None: the tokenizer's EOS, else the model config's first."""
 
   # --- schedule ---
   batch_size: int = 16
@@ -135,8 +137,15 @@ class RewardModelConfig:
         bad(field, f"use an int >= {low}")
     if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
       bad("total_steps", "use an int >= 1, or None for num_epochs passes over the pairs")
-    if self.pad_token_id is not None and (not is_int(self.pad_token_id) or self.pad_token_id < 0):
-      bad("pad_token_id", "use a token id >= 0, or None to take it from the tokenizer")
+    for field in ("pad_token_id", "eos_token_id"):
+      value = getattr(self, field)
+      if value is not None and (not is_int(value) or value < 0):
+        bad(field, "use a token id >= 0, or None to take it from the tokenizer")
+    for field in ("learning_rate", "adam_b1", "adam_b2", "adam_eps", "weight_decay"):
+      value = getattr(self, field)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
+          value):
+        bad(field, "use a finite number")
     if not isinstance(self.add_eos, bool):
       bad("add_eos", "use True or False")
     for field in ("prompt_field", "chosen_field", "rejected_field", "margin_field"):
@@ -213,9 +222,14 @@ class RewardModelTrainer:
     self.vocab_size = model.config.vocab_size
     tok_pad = getattr(tokenizer, "pad_token_id", None)
     self.pad_token_id = c.pad_token_id if c.pad_token_id is not None else (tok_pad or 0)
-    self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    self.eos_token_id = c.eos_token_id if c.eos_token_id is not None else getattr(
+        tokenizer, "eos_token_id", None)
     if self.eos_token_id is None and model.config.eos_token_ids:
       self.eos_token_id = model.config.eos_token_ids[0]
+    if c.add_eos and self.eos_token_id is None:
+      raise ValueError(
+          "RewardModelConfig.add_eos is True but there is no EOS id: pass a tokenizer with an "
+          "EOS token, set RewardModelConfig.eos_token_id, or set add_eos=False.")
     self.train_pairs = self.encode(train_data, "train_data")
     self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
     self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
@@ -259,8 +273,7 @@ class RewardModelTrainer:
         raise ValueError(f"{where} must be a string or a list of token ids in [0, "
                          f"{self.vocab_size}) (the model's vocabulary).")
       ids.extend(int(t) for t in part)
-    if self.config.add_eos and self.eos_token_id is not None and (
-        not ids or ids[-1] != self.eos_token_id):
+    if self.config.add_eos and (not ids or ids[-1] != self.eos_token_id):
       ids.append(int(self.eos_token_id))
     if not ids:
       raise ValueError(f"{where} is empty (no prompt and no response tokens).")
@@ -416,7 +429,9 @@ class RewardModelTrainer:
     `RewardModelScorer`) or the samples' `input_ids` and `attention_mask` `[N, S]` (prompt +
     response, scored here). Folds `gain = 1 / std` and `bias = -mean / std` into the score head,
     so the samples then score with mean 0 and std 1. Call it once, after training: a second call
-    rescales the already normalised scores.
+    rescales the already normalised scores. The run folder's checkpoints keep the trained,
+    un-normalised state (the record goes to `run_dir/NORMALISATION_FILE`); `export` writes the
+    normalised model.
 
     Returns:
       `{gain, bias, mean, std, samples}` (also kept in `self.normalisation`, written by
@@ -437,6 +452,8 @@ class RewardModelTrainer:
         lambda new, old: jax.device_put(jnp.asarray(new, old.dtype), old.sharding), params,
         self.state.params))
     self.normalisation = norm
+    if self.run_dir is not None:
+      (self.run_dir / NORMALISATION_FILE).write_text(json.dumps(norm, indent=2) + "\n")
     return norm
 
   @property
