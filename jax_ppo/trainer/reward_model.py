@@ -51,7 +51,7 @@ from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
-from jax_ppo.models.tokenizer import pad_batch
+from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import RunLoop, RunOptions, TrainingHistory
@@ -192,7 +192,8 @@ class RewardModelTrainer:
     model: a `jax_ppo.models.ScalarModel` (e.g. `load_scalar_model(sft_path)`: the SFT trunk
       with a new head; with LoRA adapters from `add_lora` only they and the head train).
     train_data: `PreferencePairs`, or records: mappings with the prompt/chosen/rejected (and
-      optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id lists.
+      optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id
+      lists; a prompt may also be a chat (list of `{role, content}` messages).
     eval_data: the held-out split, in the same forms (None: `evaluate()` needs data).
     tokenizer: a transformers tokenizer (text records, EOS/pad ids, export).
     run_dir: run folder (`config.yaml`, `metrics.jsonl`, `checkpoints/`, progress bar); when it
@@ -260,14 +261,20 @@ class RewardModelTrainer:
   # -- data ---------------------------------------------------------------------------------
 
   def _sequence(self, prompt, response, where: str) -> list[int]:
-    """Ids of prompt + response (EOS appended, start truncated to `max_length`)."""
+    """Ids of prompt + response (EOS appended, start truncated to `max_length`). A prompt is
+    text (tokenized with the tokenizer's special tokens), a chat (a list of `{role, content}`
+    messages, rendered by the chat template with the generation prompt) or token ids; a
+    response is text (no special tokens) or token ids."""
     ids = []
-    for part, text_special in ((prompt, True), (response, False)):
-      if isinstance(part, str):
+    for part, is_prompt in ((prompt, True), (response, False)):
+      chat = is_prompt and isinstance(part, (list, tuple)) and bool(part) and all(
+          isinstance(m, Mapping) for m in part)
+      if isinstance(part, str) or chat:
         if self.tokenizer is None:
           raise ValueError(f"{where} holds text but no tokenizer was given; pass tokenizer= or "
                            "give token-id lists.")
-        part = self.tokenizer(part, add_special_tokens=text_special)["input_ids"]
+        part = (encode_chat(self.tokenizer, [part])[0] if chat else
+                self.tokenizer(part, add_special_tokens=is_prompt)["input_ids"])
       if not isinstance(part, (list, tuple, np.ndarray)) or not all(
           isinstance(t, (int, np.integer)) and 0 <= t < self.vocab_size for t in part):
         raise ValueError(f"{where} must be a string or a list of token ids in [0, "

@@ -174,15 +174,38 @@ def _word_tokenizer(path):
   from tokenizers import models as tok_models
 
   words = ["<pad>", "<s>", "</s>", "<unk>", "the", "film", "was", "good", "bad", "great",
-           "dull", "plot", "very", "not"]
+           "dull", "plot", "very", "not", "user", "assistant", ":"]
   backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(words)},
                                            unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
   tok = transformers.PreTrainedTokenizerFast(
       tokenizer_object=backend, eos_token="</s>", bos_token="<s>", unk_token="<unk>",
       pad_token="<pad>")
+  tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                       "{% if add_generation_prompt %}assistant :{% endif %}")
   tok.save_pretrained(str(path))
   return transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def test_encodes_text_chat_and_id_records_with_eos_padding_and_margins(tmp_path):
+  pytest.importorskip("tokenizers")
+  tok = _word_tokenizer(tmp_path / "tok")
+  config = RewardModelConfig(batch_size=2, total_steps=1, max_length=8)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
+                               train_data=[
+      {"prompt": "the film was", "chosen": "very good", "rejected": "bad", "margin": 1.5},
+      {"prompt": [{"role": "user", "content": "the film"}], "chosen": "good",
+       "rejected": [8, 2]},
+      {"prompt": [4, 5, 6, 4, 5, 6, 4], "chosen": [9, 9], "rejected": [10]},
+  ])
+  p = trainer.train_pairs
+  chat = [14, 16, 4, 5, 15, 16]  # "user : the film assistant :"
+  assert p.chosen_ids.tolist() == [[4, 5, 6, 12, 7, 2, 0, 0], chat + [7, 2],
+                                   [6, 4, 5, 6, 4, 9, 9, 2]]  # the start is cut to max_length
+  assert p.rejected_ids.tolist() == [[4, 5, 6, 8, 2, 0, 0, 0], chat + [8, 2],
+                                     [5, 6, 4, 5, 6, 4, 10, 2]]  # an EOS is never doubled
+  assert p.chosen_mask.sum(1).tolist() == [6, 8, 8] and p.rejected_mask.sum(1).tolist() == [5, 8, 8]
+  np.testing.assert_array_equal(p.margin, [1.5, 0.0, 0.0])
 
 
 @pytest.mark.slow
