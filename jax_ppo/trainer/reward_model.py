@@ -90,6 +90,8 @@ class RewardModelConfig:
   """Record fields (the margin field is optional in a record; absent means 0)."""
   pad_token_id: int | None = None
   """Id written into padding; None: the tokenizer's, or 0."""
+  eval_fraction: float = 0.0
+  """Share of the training pairs held out for evaluation when no eval_data is given."""
   eos_token_id: int | None = None
   """Id appended to responses; None: the tokenizer's EOS, else the model config's first."""
 
@@ -151,6 +153,8 @@ class RewardModelConfig:
     for field in ("prompt_field", "chosen_field", "rejected_field", "margin_field"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give the record's field name as a non-empty string")
+    if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+      bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
     if self.lr_schedule not in LR_SCHEDULES:
       bad("lr_schedule", f"choose one of {LR_SCHEDULES}")
     if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
@@ -194,7 +198,8 @@ class RewardModelTrainer:
     train_data: `PreferencePairs`, or records: mappings with the prompt/chosen/rejected (and
       optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id
       lists; a prompt may also be a chat (list of `{role, content}` messages).
-    eval_data: the held-out split, in the same forms (None: `evaluate()` needs data).
+    eval_data: the held-out split, in the same forms (None: `config.eval_fraction` of
+      `train_data`, or no split: then `evaluate()` needs data).
     tokenizer: a transformers tokenizer (text records, EOS/pad ids, export).
     run_dir: run folder (`config.yaml`, `metrics.jsonl`, `checkpoints/`, progress bar); when it
       holds checkpoints the latest is restored. None: no bookkeeping.
@@ -233,6 +238,15 @@ class RewardModelTrainer:
           "EOS token, set RewardModelConfig.eos_token_id, or set add_eos=False.")
     self.train_pairs = self.encode(train_data, "train_data")
     self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
+    if eval_data is None and c.eval_fraction > 0:
+      n = self.train_pairs.num_pairs
+      n_eval = max(1, round(c.eval_fraction * n))
+      if n_eval >= n:
+        raise ValueError(f"RewardModelConfig.eval_fraction={c.eval_fraction} holds out all {n} "
+                         "pairs; lower it or give more data.")
+      order = np.random.default_rng([c.seed, 1 << 30]).permutation(n)
+      self.eval_pairs = self.train_pairs.take(np.sort(order[:n_eval]))
+      self.train_pairs = self.train_pairs.take(np.sort(order[n_eval:]))
     self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
     if c.warmup_steps > self.total_steps:

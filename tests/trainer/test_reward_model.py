@@ -3,6 +3,7 @@ padding, learning a toy preference, reward normalisation through export, resume,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -208,6 +209,18 @@ def test_encodes_text_chat_and_id_records_with_eos_padding_and_margins(tmp_path)
   np.testing.assert_array_equal(p.margin, [1.5, 0.0, 0.0])
 
 
+def test_eval_fraction_holds_out_disjoint_pairs():
+  records = _toy_records(20, 4)
+  config = RewardModelConfig(batch_size=4, total_steps=1, eos_token_id=EOS, eval_fraction=0.25)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=records)
+  rows = lambda ids: {tuple(r) for r in np.asarray(ids).tolist()}  # noqa: E731
+  held, kept = rows(trainer.eval_pairs.chosen_ids), rows(trainer.train_pairs.chosen_ids)
+  assert len(held) == 5 and len(kept) == 15 and not held & kept
+  with pytest.raises(ValueError, match="eval_fraction=0.99 holds out all 3 pairs"):
+    RewardModelTrainer(dataclasses.replace(config, eval_fraction=0.99),
+                       ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=records[:3])
+
+
 @pytest.mark.slow
 def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transformers(tmp_path):
   torch = pytest.importorskip("torch", reason="transformers' reference model needs PyTorch")
@@ -300,6 +313,7 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
     ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0), ("eval_every", -1),
     ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("weight_decay", -0.1),
     ("eos_token_id", 1.5), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
+    ("eval_fraction", 1.0),
 ])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
