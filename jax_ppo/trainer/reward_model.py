@@ -51,7 +51,7 @@ from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
-from jax_ppo.models.tokenizer import pad_batch
+from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import RunLoop, RunOptions, TrainingHistory
@@ -90,6 +90,10 @@ class RewardModelConfig:
   """Record fields (the margin field is optional in a record; absent means 0)."""
   pad_token_id: int | None = None
   """Id written into padding; None: the tokenizer's, or 0."""
+  eval_fraction: float = 0.0
+  """Share of the training pairs held out for evaluation when no eval_data is given."""
+  eos_token_id: int | None = None
+  """Id appended to responses; None: the tokenizer's EOS, else the model config's first."""
 
   # --- schedule ---
   batch_size: int = 16
@@ -135,13 +139,22 @@ class RewardModelConfig:
         bad(field, f"use an int >= {low}")
     if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
       bad("total_steps", "use an int >= 1, or None for num_epochs passes over the pairs")
-    if self.pad_token_id is not None and (not is_int(self.pad_token_id) or self.pad_token_id < 0):
-      bad("pad_token_id", "use a token id >= 0, or None to take it from the tokenizer")
+    for field in ("pad_token_id", "eos_token_id"):
+      value = getattr(self, field)
+      if value is not None and (not is_int(value) or value < 0):
+        bad(field, "use a token id >= 0, or None to take it from the tokenizer")
+    for field in ("learning_rate", "adam_b1", "adam_b2", "adam_eps", "weight_decay"):
+      value = getattr(self, field)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
+          value):
+        bad(field, "use a finite number")
     if not isinstance(self.add_eos, bool):
       bad("add_eos", "use True or False")
     for field in ("prompt_field", "chosen_field", "rejected_field", "margin_field"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give the record's field name as a non-empty string")
+    if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
+      bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
     if self.lr_schedule not in LR_SCHEDULES:
       bad("lr_schedule", f"choose one of {LR_SCHEDULES}")
     if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
@@ -183,8 +196,10 @@ class RewardModelTrainer:
     model: a `jax_ppo.models.ScalarModel` (e.g. `load_scalar_model(sft_path)`: the SFT trunk
       with a new head; with LoRA adapters from `add_lora` only they and the head train).
     train_data: `PreferencePairs`, or records: mappings with the prompt/chosen/rejected (and
-      optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id lists.
-    eval_data: the held-out split, in the same forms (None: `evaluate()` needs data).
+      optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id
+      lists; a prompt may also be a chat (list of `{role, content}` messages).
+    eval_data: the held-out split, in the same forms (None: `config.eval_fraction` of
+      `train_data`, or no split: then `evaluate()` needs data).
     tokenizer: a transformers tokenizer (text records, EOS/pad ids, export).
     run_dir: run folder (`config.yaml`, `metrics.jsonl`, `checkpoints/`, progress bar); when it
       holds checkpoints the latest is restored. None: no bookkeeping.
@@ -213,11 +228,25 @@ class RewardModelTrainer:
     self.vocab_size = model.config.vocab_size
     tok_pad = getattr(tokenizer, "pad_token_id", None)
     self.pad_token_id = c.pad_token_id if c.pad_token_id is not None else (tok_pad or 0)
-    self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    self.eos_token_id = c.eos_token_id if c.eos_token_id is not None else getattr(
+        tokenizer, "eos_token_id", None)
     if self.eos_token_id is None and model.config.eos_token_ids:
       self.eos_token_id = model.config.eos_token_ids[0]
+    if c.add_eos and self.eos_token_id is None:
+      raise ValueError(
+          "RewardModelConfig.add_eos is True but there is no EOS id: pass a tokenizer with an "
+          "EOS token, set RewardModelConfig.eos_token_id, or set add_eos=False.")
     self.train_pairs = self.encode(train_data, "train_data")
     self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
+    if eval_data is None and c.eval_fraction > 0:
+      n = self.train_pairs.num_pairs
+      n_eval = max(1, round(c.eval_fraction * n))
+      if n_eval >= n:
+        raise ValueError(f"RewardModelConfig.eval_fraction={c.eval_fraction} holds out all {n} "
+                         "pairs; lower it or give more data.")
+      order = np.random.default_rng([c.seed, 1 << 30]).permutation(n)
+      self.eval_pairs = self.train_pairs.take(np.sort(order[:n_eval]))
+      self.train_pairs = self.train_pairs.take(np.sort(order[n_eval:]))
     self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
     if c.warmup_steps > self.total_steps:
@@ -246,21 +275,26 @@ class RewardModelTrainer:
   # -- data ---------------------------------------------------------------------------------
 
   def _sequence(self, prompt, response, where: str) -> list[int]:
-    """Ids of prompt + response (EOS appended, start truncated to `max_length`)."""
+    """Ids of prompt + response (EOS appended, start truncated to `max_length`). A prompt is
+    text (tokenized with the tokenizer's special tokens), a chat (a list of `{role, content}`
+    messages, rendered by the chat template with the generation prompt) or token ids; a
+    response is text (no special tokens) or token ids."""
     ids = []
-    for part, text_special in ((prompt, True), (response, False)):
-      if isinstance(part, str):
+    for part, is_prompt in ((prompt, True), (response, False)):
+      chat = is_prompt and isinstance(part, (list, tuple)) and bool(part) and all(
+          isinstance(m, Mapping) for m in part)
+      if isinstance(part, str) or chat:
         if self.tokenizer is None:
           raise ValueError(f"{where} holds text but no tokenizer was given; pass tokenizer= or "
                            "give token-id lists.")
-        part = self.tokenizer(part, add_special_tokens=text_special)["input_ids"]
+        part = (encode_chat(self.tokenizer, [part])[0] if chat else
+                self.tokenizer(part, add_special_tokens=is_prompt)["input_ids"])
       if not isinstance(part, (list, tuple, np.ndarray)) or not all(
           isinstance(t, (int, np.integer)) and 0 <= t < self.vocab_size for t in part):
         raise ValueError(f"{where} must be a string or a list of token ids in [0, "
                          f"{self.vocab_size}) (the model's vocabulary).")
       ids.extend(int(t) for t in part)
-    if self.config.add_eos and self.eos_token_id is not None and (
-        not ids or ids[-1] != self.eos_token_id):
+    if self.config.add_eos and (not ids or ids[-1] != self.eos_token_id):
       ids.append(int(self.eos_token_id))
     if not ids:
       raise ValueError(f"{where} is empty (no prompt and no response tokens).")
@@ -416,7 +450,9 @@ class RewardModelTrainer:
     `RewardModelScorer`) or the samples' `input_ids` and `attention_mask` `[N, S]` (prompt +
     response, scored here). Folds `gain = 1 / std` and `bias = -mean / std` into the score head,
     so the samples then score with mean 0 and std 1. Call it once, after training: a second call
-    rescales the already normalised scores.
+    rescales the already normalised scores. The run folder's checkpoints keep the trained,
+    un-normalised state (the record goes to `run_dir/NORMALISATION_FILE`); `export` writes the
+    normalised model.
 
     Returns:
       `{gain, bias, mean, std, samples}` (also kept in `self.normalisation`, written by
@@ -437,6 +473,8 @@ class RewardModelTrainer:
         lambda new, old: jax.device_put(jnp.asarray(new, old.dtype), old.sharding), params,
         self.state.params))
     self.normalisation = norm
+    if self.run_dir is not None:
+      (self.run_dir / NORMALISATION_FILE).write_text(json.dumps(norm, indent=2) + "\n")
     return norm
 
   @property

@@ -3,6 +3,7 @@ padding, learning a toy preference, reward normalisation through export, resume,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -32,7 +33,7 @@ MODEL = ModelConfig(
     model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
 )
-TARGET = 7
+TARGET, EOS = 7, 2
 
 
 def np_reference(rc, rr, margin, weight):
@@ -90,7 +91,7 @@ def test_scores_are_read_at_the_last_valid_token_with_left_and_right_padding():
   model = ScalarModel(MODEL, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(0)
-  seqs = [list(rng.integers(3, 24, size=n)) for n in (3, 5, 7, 4)]
+  seqs = [list(rng.integers(3, 24, size=n)) for n in (4, 6, 6, 4)]  # two shapes: two compiles
   chosen, rejected = seqs[:2], seqs[2:]
 
   @jax.jit
@@ -99,8 +100,6 @@ def test_scores_are_read_at_the_last_valid_token_with_left_and_right_padding():
 
   # Reference: each sequence alone, unpadded; its score is the output at its own last token.
   ref = [float(score(state, np.array([s]), np.ones((1, len(s)), np.int32))[0]) for s in seqs]
-  alone = nnx.merge(graphdef, state)(np.array([seqs[0]]), np.ones((1, 3), np.int32))
-  np.testing.assert_allclose(ref[0], float(alone[0, -1]), atol=1e-6)
 
   def pairs(side_c, side_r, junk=0):
     rows = [_pad(s, 9, side) for s, side in zip(chosen + rejected,
@@ -135,7 +134,7 @@ def _toy_records(n, seed):
 
 
 def test_learns_a_toy_preference_to_high_held_out_accuracy():
-  config = RewardModelConfig(batch_size=32, total_steps=25, learning_rate=3e-3,
+  config = RewardModelConfig(batch_size=32, total_steps=25, eos_token_id=EOS, learning_rate=3e-3,
                              lr_schedule="constant", max_length=16, eval_every=25)
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                                train_data=_toy_records(256, 0), eval_data=_toy_records(128, 1))
@@ -176,15 +175,50 @@ def _word_tokenizer(path):
   from tokenizers import models as tok_models
 
   words = ["<pad>", "<s>", "</s>", "<unk>", "the", "film", "was", "good", "bad", "great",
-           "dull", "plot", "very", "not"]
+           "dull", "plot", "very", "not", "user", "assistant", ":"]
   backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(words)},
                                            unk_token="<unk>"))
   backend.pre_tokenizer = pre_tokenizers.Whitespace()
   tok = transformers.PreTrainedTokenizerFast(
       tokenizer_object=backend, eos_token="</s>", bos_token="<s>", unk_token="<unk>",
       pad_token="<pad>")
+  tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+                       "{% if add_generation_prompt %}assistant :{% endif %}")
   tok.save_pretrained(str(path))
   return transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def test_encodes_text_chat_and_id_records_with_eos_padding_and_margins(tmp_path):
+  pytest.importorskip("tokenizers")
+  tok = _word_tokenizer(tmp_path / "tok")
+  config = RewardModelConfig(batch_size=2, total_steps=1, max_length=8)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
+                               train_data=[
+      {"prompt": "the film was", "chosen": "very good", "rejected": "bad", "margin": 1.5},
+      {"prompt": [{"role": "user", "content": "the film"}], "chosen": "good",
+       "rejected": [8, 2]},
+      {"prompt": [4, 5, 6, 4, 5, 6, 4], "chosen": [9, 9], "rejected": [10]},
+  ])
+  p = trainer.train_pairs
+  chat = [14, 16, 4, 5, 15, 16]  # "user : the film assistant :"
+  assert p.chosen_ids.tolist() == [[4, 5, 6, 12, 7, 2, 0, 0], chat + [7, 2],
+                                   [6, 4, 5, 6, 4, 9, 9, 2]]  # the start is cut to max_length
+  assert p.rejected_ids.tolist() == [[4, 5, 6, 8, 2, 0, 0, 0], chat + [8, 2],
+                                     [5, 6, 4, 5, 6, 4, 10, 2]]  # an EOS is never doubled
+  assert p.chosen_mask.sum(1).tolist() == [6, 8, 8] and p.rejected_mask.sum(1).tolist() == [5, 8, 8]
+  np.testing.assert_array_equal(p.margin, [1.5, 0.0, 0.0])
+
+
+def test_eval_fraction_holds_out_disjoint_pairs():
+  records = _toy_records(20, 4)
+  config = RewardModelConfig(batch_size=4, total_steps=1, eos_token_id=EOS, eval_fraction=0.25)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=records)
+  rows = lambda ids: {tuple(r) for r in np.asarray(ids).tolist()}  # noqa: E731
+  held, kept = rows(trainer.eval_pairs.chosen_ids), rows(trainer.train_pairs.chosen_ids)
+  assert len(held) == 5 and len(kept) == 15 and not held & kept
+  with pytest.raises(ValueError, match="eval_fraction=0.99 holds out all 3 pairs"):
+    RewardModelTrainer(dataclasses.replace(config, eval_fraction=0.99),
+                       ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=records[:3])
 
 
 @pytest.mark.slow
@@ -245,7 +279,8 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
 
 @pytest.mark.slow
 def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_path):
-  config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16)
+  config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16,
+                             eos_token_id=EOS)
   options = RunOptions(save_every=2, progress=False, tensorboard=False,
                        async_checkpointing=False)
   data = _toy_records(40, 2)
@@ -265,6 +300,9 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
                                                          rtol=1e-5, atol=1e-6),
                  resumed.state.params, straight.state.params)
+    norm = resumed.normalise(scores=[1.0, 2.0, 4.0])
+    record = json.loads((tmp_path / "run" / NORMALISATION_FILE).read_text())
+    assert record == norm and record["samples"] == 3
   lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in lines if "train/loss" in r] == [1, 2, 3, 4]
   assert (tmp_path / "run" / "config.yaml").is_file()
@@ -274,6 +312,8 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
     ("batch_size", 0), ("max_length", 1), ("total_steps", 0), ("learning_rate", 0.0),
     ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0), ("eval_every", -1),
     ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("weight_decay", -0.1),
+    ("eos_token_id", 1.5), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
+    ("eval_fraction", 1.0),
 ])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
@@ -284,14 +324,14 @@ def test_warmup_longer_than_the_run_is_refused():
   with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*total_steps \(3\)"):
     RewardModelConfig(total_steps=3, warmup_steps=5)
   with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*1 optimizer steps"):
-    RewardModelTrainer(RewardModelConfig(batch_size=4, warmup_steps=5),
+    RewardModelTrainer(RewardModelConfig(batch_size=4, warmup_steps=5, add_eos=False),
                        ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                        train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
 
 
 def test_bad_data_errors_name_the_record_and_field():
   model = ScalarModel(MODEL, rngs=nnx.Rngs(0))
-  config = RewardModelConfig(batch_size=2, total_steps=1)
+  config = RewardModelConfig(batch_size=2, total_steps=1, eos_token_id=EOS)
 
   def trainer(data, **kw):
     return RewardModelTrainer(config, model, train_data=data, **kw)
@@ -316,6 +356,8 @@ def test_bad_data_errors_name_the_record_and_field():
     preference_pairs(np.ones((2, 3)), ones(2, 3), ones(2, 3), ones(2, 3))
   with pytest.raises(ValueError, match=r"margin must be 2 finite numbers"):
     preference_pairs(ones(2, 3), ones(2, 3), ones(2, 3), ones(2, 3), margin=[0.0, np.inf])
+  with pytest.raises(ValueError, match="add_eos is True but there is no EOS id"):
+    RewardModelTrainer(RewardModelConfig(total_steps=1), model, train_data=[good])
   with pytest.raises(TypeError, match="ScalarModel"):
     RewardModelTrainer(config, object(), train_data=[good])
   t = trainer([good])
@@ -323,3 +365,29 @@ def test_bad_data_errors_name_the_record_and_field():
     t.evaluate()
   with pytest.raises(ValueError, match="either scores or input_ids"):
     t.normalise()
+
+
+@pytest.mark.slow
+def test_lora_trains_only_the_adapters_and_the_head():
+  from jax_ppo.models.lora import LoRAConfig, add_lora
+
+  def flat(tree):
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+  model = add_lora(ScalarModel(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
+  config = RewardModelConfig(batch_size=16, total_steps=3, learning_rate=1e-2, max_length=16,
+                             add_eos=False)
+  trainer = RewardModelTrainer(config, model, train_data=_toy_records(32, 3))
+  start, rest = flat(trainer.state.params), flat(trainer.rest)
+  assert start and all("lora" in p or "score_head" in p for p in start), sorted(start)
+  trainer.train()
+  end = flat(trainer.state.params)
+  moved = {p for p in start if np.any(end[p] != start[p])}
+  assert any("score_head" in p for p in moved) and any("lora" in p for p in moved), moved
+  for p, v in flat(trainer.rest).items():  # the base weights stay frozen
+    np.testing.assert_array_equal(v, rest[p], err_msg=p)
+  pairs = trainer.train_pairs
+  trainer.normalise(input_ids=pairs.chosen_ids, attention_mask=pairs.chosen_mask)
+  scores = trainer.score(pairs.chosen_ids, pairs.chosen_mask)
+  np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=2e-5)
