@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jax_ppo.quickstart import QuickstartConfig, report, run_quickstart, smoke
+from jax_ppo.quickstart import QuickstartConfig, report, run_quickstart, smoke, stages
 from jax_ppo.quickstart.stages import read_jsonl, write_jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -84,3 +84,18 @@ def test_smoke_run_end_to_end_and_resume(tmp_path):
   assert summary["table"] in second.stdout
   assert len([r for r in read_jsonl(out / "samples.jsonl") if r["stage"] == "ppo"]) == len(
       samples)
+
+
+def test_redone_stages_do_not_duplicate_records(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  write_jsonl(path, [{"stage": "sft", "step": 6, "a": 1}, {"stage": "ppo", "step": 0},
+                     {"stage": "ppo", "step": 1}, {"stage": "ppo", "step": 2}])
+  stages.replace_stage_records(path, "sft", [{"stage": "sft", "step": 6, "a": 2}])
+  assert [r for r in read_jsonl(path) if r["stage"] == "sft"] == [
+      {"stage": "sft", "step": 6, "a": 2}]
+  write_jsonl(tmp_path / "samples.jsonl",
+              [{"stage": "ppo", "step": 2}, {"stage": "sft", "step": 9}])
+  stages._truncate_ppo_records(tmp_path, 1)  # a PPO run resumed from step 1 redoes step 2
+  assert [(r["stage"], r["step"]) for r in read_jsonl(path)] == [
+      ("ppo", 0), ("ppo", 1), ("sft", 6)]
+  assert read_jsonl(tmp_path / "samples.jsonl") == [{"stage": "sft", "step": 9}]

@@ -82,6 +82,14 @@ def append_jsonl(path: str | os.PathLike, records: Sequence[dict[str, Any]]) -> 
       f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
+def replace_stage_records(path: str | os.PathLike, stage: str,
+                          records: Sequence[dict[str, Any]]) -> None:
+  """Appends `records` to a JSON-lines file after dropping its earlier records of `stage` (a
+  stage redone after an interruption does not duplicate them)."""
+  kept = [r for r in read_jsonl(path) if r.get("stage") != stage]
+  write_jsonl(path, [*kept, *records])
+
+
 def _finished(hf_dir: pathlib.Path) -> bool:
   return (hf_dir / "config.json").exists()
 
@@ -171,7 +179,8 @@ def stage_sft(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, train: list[d
       raise KeyboardInterrupt(f"SFT interrupted by {history.preempted}; run again to resume.")
     metrics = trainer.evaluate()
     _export_atomically(trainer.export, hf)
-  append_jsonl(out / "metrics.jsonl", [{"stage": "sft", "step": cfg.sft_steps, **metrics}])
+  replace_stage_records(out / "metrics.jsonl", "sft", [{"stage": "sft", "step": cfg.sft_steps,
+                                                        **metrics}])
   return hf, metrics
 
 
@@ -234,7 +243,7 @@ def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pat
   train, held = reviews.split(pairs, eval_fraction=cfg.eval_fraction, seed=cfg.seed)
   flat = [{"prompt": p, "response": r} for p, s in zip(prompts, samples, strict=True) for r in s]
   gold = reviews.gold_scores([f["response"] for f in flat])
-  append_jsonl(out / "samples.jsonl", [
+  replace_stage_records(out / "samples.jsonl", "sft", [
       {"stage": "sft", "step": cfg.sft_steps, **f, "reward": None, "gold": float(g)}
       for f, g in zip(flat, gold, strict=True)
   ])
@@ -284,8 +293,8 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
     norm = trainer.normalise(input_ids=ids, attention_mask=mask)
     _export_atomically(trainer.export, hf)
   metrics = {**metrics, **{f"normalisation/{k}": v for k, v in norm.items()}}
-  append_jsonl(out / "metrics.jsonl", [{"stage": "reward_model", "step": cfg.rm_steps,
-                                         **metrics}])
+  replace_stage_records(out / "metrics.jsonl", "reward_model",
+                        [{"stage": "reward_model", "step": cfg.rm_steps, **metrics}])
   return hf, metrics
 
 
