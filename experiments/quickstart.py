@@ -34,7 +34,10 @@ def main() -> None:
   except ValueError as e:
     parser.error(str(e))
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  run_quickstart(config, args.out, progress=not args.no_progress)
+  try:
+    run_quickstart(config, args.out, progress=not args.no_progress)
+  except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: finished stages and checkpoints are kept
+    print(f"\nStopped ({e or 'interrupted'}). Run the same command again to resume.")
 
 
 if __name__ == "__main__":
