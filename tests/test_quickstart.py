@@ -63,7 +63,7 @@ def test_smoke_run_end_to_end_and_resume(tmp_path):
                "reward_model/hf/reward_normalisation.json", "ppo/hf/config.json",
                "ppo/metrics.jsonl", "plots/sft_loss.png", "plots/rm_accuracy.png",
                "plots/ppo_reward.png", "plots/ppo_kl.png", "plots/ppo_entropy.png",
-               "plots/ppo_response_length.png"):
+               "plots/ppo_response_length.png", "plots/ppo_reward_kl.png", "plots/overview.png"):
     assert (out / path).exists(), path
   assert list((out / "ppo" / "checkpoints").iterdir())
   samples = [r for r in read_jsonl(out / "samples.jsonl") if r["stage"] == "ppo"]

@@ -48,8 +48,8 @@ def _series(out: pathlib.Path, folder: str, stage: str | None, metric: str):
 
 
 def write_plots(out: str | pathlib.Path) -> list[pathlib.Path]:
-  """One PNG per entry of `PLOTS` in `out/plots/`, plus `overview.png` with every panel; returns
-  the files written (a plot without data is skipped)."""
+  """One PNG per entry of `PLOTS` in `out/plots/`, `overview.png` with every panel and
+  `ppo_reward_kl.png`; returns the files written (a plot without data is skipped)."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -85,7 +85,38 @@ def write_plots(out: str | pathlib.Path) -> list[pathlib.Path]:
   fig_all.savefig(out / "plots" / "overview.png", dpi=80)
   plt.close(fig_all)
   written.append(out / "plots" / "overview.png")
+  path = _reward_kl_plot(out, plt)
+  if path is not None:
+    written.append(path)
   return written
+
+
+def _reward_kl_plot(out: pathlib.Path, plt) -> pathlib.Path | None:
+  """`plots/ppo_reward_kl.png`: gold and reward-model scores of the evaluations (left axis) and
+  the KL to the SFT model (right axis), against PPO updates."""
+  x, gold = _series(out, "", "ppo", "gold/gold_score")
+  if not x:
+    return None
+  _, reward = _series(out, "", "ppo", "eval/score_mean")
+  _, kl = _series(out, "", "ppo", "eval/kl")
+  fig, ax = plt.subplots(figsize=(6, 3.8))
+  ax.plot(x, gold, "o-", color="tab:green", label="gold score (not seen in training)")
+  ax.plot(x, reward, "s-", color="tab:blue", label="reward model (normalised)")
+  ax.set_xlabel("PPO update")
+  ax.set_ylabel("score")
+  ax.grid(alpha=0.3)
+  ax2 = ax.twinx()
+  ax2.plot(x, kl, "^--", color="tab:red", label="KL to SFT (nats)")
+  ax2.set_ylabel("KL to SFT (nats per response)")
+  handles = ax.get_legend_handles_labels()
+  handles2 = ax2.get_legend_handles_labels()
+  ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="center right")
+  ax.set_title("Quickstart PPO: evaluation samples")
+  fig.tight_layout()
+  path = out / "plots" / "ppo_reward_kl.png"
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path
 
 
 def ppo_evaluations(out: str | pathlib.Path) -> list[dict[str, Any]]:
