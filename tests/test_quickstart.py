@@ -99,3 +99,13 @@ def test_redone_stages_do_not_duplicate_records(tmp_path):
   assert [(r["stage"], r["step"]) for r in read_jsonl(path)] == [
       ("ppo", 0), ("ppo", 1), ("sft", 6)]
   assert read_jsonl(tmp_path / "samples.jsonl") == [{"stage": "sft", "step": 9}]
+
+
+def test_script_flag_errors_name_the_field(tmp_path):
+  env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "experiments" / "quickstart.py"), "--smoke", "--eval-samples",
+       "10", "--out", str(tmp_path / "qs")], capture_output=True, text=True, env=env, timeout=300)
+  assert result.returncode == 2
+  assert "QuickstartConfig.eval_samples=10 is invalid: use at least 64" in result.stderr
+  assert not (tmp_path / "qs").exists()

@@ -42,9 +42,9 @@ def run_quickstart(
 
   Returns a summary: `before` and `after` (the PPO evaluation records at step 0 and at the last
   step: gold score, reward-model score, KL, distinct-2, repetition rate, lengths), `table` (the
-  printed before/after table), `timings` (seconds per stage in this invocation; 0 for stages
-  skipped because they were done), `cpu_s` (CPU seconds of this process per stage) and `plots`
-  (PNG paths).
+  printed before/after table), `timings` (wall seconds per stage in this invocation; stages
+  already done only load their results, and are listed in `skipped`), `cpu_s` (CPU seconds
+  of this process per stage) and `plots` (PNG paths).
   """
   out = pathlib.Path(out)
   _check_config(cfg, out)
@@ -90,8 +90,6 @@ def run_quickstart(
   t0 = time.perf_counter()
   plots = report.write_plots(out)
   timings["plots"] = round(time.perf_counter() - t0, 1)
-  for name in skipped:
-    timings[name] = 0.0
   with (out / "timings.json").open("a") as f:
     f.write(json.dumps({"timings_s": timings, "cpu_s": cpu, "skipped": skipped}) + "\n")
 
