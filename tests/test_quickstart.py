@@ -20,6 +20,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
     ("ppo_batch_size", 31, "divisible by ppo_minibatches"),
     ("model_type", "gpt2", "model_type='gpt2' is invalid"),
     ("kl_coef", -1.0, "kl_coef=-1.0 is invalid"),
+    ("hack_pair_fraction", 1.5, "hack_pair_fraction=1.5 is invalid"),
 ])
 def test_config_errors_name_the_field(field, value, match):
   with pytest.raises(ValueError, match=match):

@@ -10,6 +10,8 @@ Everything is generated in code (templates and word lists), so the quickstart do
 * `gold_score(text)`: the task's ground truth, used to label preference pairs and to measure the
   PPO policy (never seen by the policy, which only sees the learned reward model).
 * `label_pairs(prompts, a, b, ...)`: Bradley-Terry preference labels from the gold score plus noise.
+* `corrupt(text, rng)`: degenerate rewrites (repetition, adjective lists, truncation) for extra
+  preference pairs that teach the reward model what the gold score already refuses.
 * `distinct_n`, `repetition_rate`: fluency/diversity measures of a set of responses.
 
 The gold score is built so that reward hacking by repetition does not pay (docs/rlhf_details.md
@@ -235,6 +237,37 @@ def label_pairs(
     margin = (ga - gb) if chosen == a else (gb - ga)
     out.append({"prompt": p, "chosen": chosen, "rejected": rejected, "gold_margin": float(margin)})
   return out
+
+
+CORRUPTIONS = ("repeat_word", "repeat_sentence", "adjective_list", "truncate")
+"""Degenerate rewrites of a response that a reward model should learn to dislike."""
+
+
+def corrupt(text: str, rng: np.random.Generator, kind: str | None = None) -> str:
+  """A degenerate version of `text` (the reward hacks a policy may find):
+
+  * "repeat_word": one positive word repeated 3-8 times (" great great great");
+  * "repeat_sentence": the first sentence of `text` repeated 2-4 times;
+  * "adjective_list": 4-8 distinct positive adjectives in a row;
+  * "truncate": the first 1-3 words of `text`.
+
+  `kind` None picks one uniformly. Used to add (response, corrupted response) preference pairs,
+  labelled by `gold_score` like the others, so the reward model sees such responses.
+  """
+  if kind is None:
+    kind = CORRUPTIONS[int(rng.integers(len(CORRUPTIONS)))]
+  if kind == "repeat_word":
+    word = _POS_ADJ[int(rng.integers(len(_POS_ADJ)))]
+    return " " + " ".join([word] * int(rng.integers(3, 9)))
+  if kind == "repeat_sentence":
+    first = text.strip().split(".")[0].strip() or "great"
+    return " " + " ".join([first + "."] * int(rng.integers(2, 5)))
+  if kind == "adjective_list":
+    k = int(rng.integers(4, 9))
+    return " is " + " ".join(_POS_ADJ[i] for i in rng.choice(len(_POS_ADJ), k, replace=False))
+  if kind == "truncate":
+    return " " + " ".join(text.split()[:int(rng.integers(1, 4))])
+  raise ValueError(f"corrupt: unknown kind {kind!r}; choose one of {CORRUPTIONS}.")
 
 
 def distinct_n(texts: Sequence[str], n: int = 2) -> float:

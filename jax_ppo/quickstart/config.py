@@ -49,6 +49,10 @@ class QuickstartConfig:
   """Prompts sampled twice by the SFT policy; each gives one preference pair."""
   label_temperature: float = 0.15
   """Annotator noise: P(a preferred) = sigmoid((gold(a) - gold(b)) / label_temperature)."""
+  hack_pair_fraction: float = 0.25
+  """Extra pairs, as a fraction of pair_prompts: a sample against a degenerate rewrite of it
+  (repeated word or sentence, adjective list, truncation), labelled the same way. Without them
+  the reward model never sees such text and may score "great great great" highly."""
 
   # --- reward model (Bradley-Terry on the SFT trunk) ---
   rm_steps: int = 80
@@ -110,6 +114,8 @@ class QuickstartConfig:
                   "label_temperature"):
       if not getattr(self, field) > 0:
         bad(field, "use a value > 0")
+    if not 0 <= self.hack_pair_fraction <= 1:
+      bad("hack_pair_fraction", "use a value in [0, 1]")
     if not self.kl_coef >= 0:
       bad("kl_coef", "use a value >= 0")
     if self.max_length < 16:

@@ -83,6 +83,10 @@ def run_quickstart(
   else:
     log(f"   reward model held-out accuracy {rm_metrics['eval/accuracy']:.3f}; normalisation "
         f"gain {rm_metrics['normalisation/gain']:.3f} bias {rm_metrics['normalisation/bias']:+.3f}")
+    probes = {k.split("/")[1]: v for k, v in rm_metrics.items() if k.startswith("hack_probe/")}
+    if probes:
+      log("   share of positive SFT samples whose degenerate rewrite the reward model prefers: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in probes.items()))
   if (out / "ppo" / "hf" / "config.json").exists():
     skipped.append("ppo")
   policy_hf = timed("ppo", stages.stage_ppo, cfg, out, tok, sft_hf, rm_hf, progress=progress,

@@ -222,7 +222,9 @@ def sample_texts(policy, tokenizer, prompts: Sequence[str], *, cfg: QuickstartCo
 
 def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathlib.Path, *,
                 progress: bool = True):
-  """Two SFT-policy samples per prompt, labelled by the gold scorer plus noise; returns
+  """Two SFT-policy samples per prompt, labelled by the gold scorer plus noise, and
+  `hack_pair_fraction` as many pairs of a sample against a degenerate rewrite of it
+  (`reviews.corrupt`); returns
   `(train pairs, eval pairs, sft samples [{prompt, response}], skipped)`."""
   d = out / "pairs"
   if (d / "eval.jsonl").exists():
@@ -235,6 +237,15 @@ def stage_pairs(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pat
                          progress=progress)
   pairs = reviews.label_pairs(prompts, [s[0] for s in samples], [s[1] for s in samples],
                               temperature=cfg.label_temperature, seed=cfg.seed + 3)
+  # Extra pairs (sample, degenerate rewrite of it), labelled the same way: the reward model
+  # sees the repetition / adjective-list / truncation hacks the gold score refuses.
+  rng = np.random.default_rng(cfg.seed + 6)
+  n_hacks = round(cfg.hack_pair_fraction * len(prompts))
+  picks = rng.choice(len(prompts), size=n_hacks, replace=n_hacks > len(prompts))
+  originals = [samples[i][0] for i in picks]
+  pairs += reviews.label_pairs([prompts[i] for i in picks], originals,
+                               [reviews.corrupt(t, rng) for t in originals],
+                               temperature=cfg.label_temperature, seed=cfg.seed + 8)
   if len(pairs) < 4:
     raise RuntimeError(
         f"Only {len(pairs)} of {cfg.pair_prompts} prompt's two SFT samples differ; the SFT "
@@ -264,6 +275,25 @@ def sequences(tokenizer, records: Sequence[dict]) -> tuple[np.ndarray, np.ndarra
   return pad_batch(seqs, pad_token_id=tokenizer.pad_token_id, side="right")
 
 
+def hack_probe(trainer, tokenizer, samples: Sequence[dict], *, seed: int,
+               limit: int = 64) -> dict[str, float]:
+  """For each `reviews.CORRUPTIONS` kind: the share of clearly positive samples (gold > 0.5; at
+  most `limit`) whose degenerate rewrite the reward model scores higher than the sample (the
+  gold score ranks every such rewrite lower; 0 is the ideal). Empty without positive samples."""
+  good = [s for s in samples if reviews.gold_score(s["response"]) > 0.5][:limit]
+  if not good:
+    return {}
+  rng = np.random.default_rng(seed)
+  base = trainer.score(*sequences(tokenizer, good))
+  out = {}
+  for kind in reviews.CORRUPTIONS:
+    rewrites = [{"prompt": s["prompt"], "response": reviews.corrupt(s["response"], rng, kind)}
+                for s in good]
+    out[f"hack_probe/{kind}"] = float(np.mean(trainer.score(*sequences(tokenizer, rewrites))
+                                              > base))
+  return out
+
+
 def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathlib.Path,
                  train: list[dict], held: list[dict], sft_samples: list[dict], *,
                  progress: bool = True) -> tuple[pathlib.Path, dict | None]:
@@ -291,6 +321,7 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
     metrics = trainer.evaluate()
     ids, mask = sequences(tokenizer, sft_samples)
     norm = trainer.normalise(input_ids=ids, attention_mask=mask)
+    metrics.update(hack_probe(trainer, tokenizer, sft_samples, seed=cfg.seed + 9))
     _export_atomically(trainer.export, hf)
   metrics = {**metrics, **{f"normalisation/{k}": v for k, v in norm.items()}}
   replace_stage_records(out / "metrics.jsonl", "reward_model",

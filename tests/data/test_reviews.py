@@ -99,3 +99,16 @@ def test_bpe_tokenizer_round_trips_and_has_distinct_specials(tmp_path):
   assert again.pad_token_id == tok.pad_token_id and again.eos_token_id == tok.eos_token_id
   with pytest.raises(ValueError, match="vocab_size"):
     train_bpe_tokenizer(["a"], vocab_size=100)
+
+
+def test_corruptions_score_below_a_positive_review():
+  rng = np.random.default_rng(0)
+  text = " is sturdy and quiet. I love it. Setup was easy."
+  for _ in range(20):
+    for kind in R.CORRUPTIONS:
+      bad = R.corrupt(text, rng, kind)
+      assert bad != text
+      assert R.gold_score(bad) < R.gold_score(text), (kind, bad)
+  assert R.corrupt(text, np.random.default_rng(1)) == R.corrupt(text, np.random.default_rng(1))
+  with pytest.raises(ValueError, match="unknown kind 'x'"):
+    R.corrupt(text, rng, "x")
