@@ -251,6 +251,40 @@ def test_kl_as_a_loss_with_gae():
   assert diff > 1e-4
 
 
+def test_kl_loss_and_entropy_schedule_through_experience_then_update():
+  """The same terms through the unfused path (`experience`, then `update` over 2 epochs x 2
+  minibatches), which the trainer runs whenever `num_minibatches > 1`."""
+  beta = 0.5
+  config = dataclasses.replace(
+      CONFIG, kl_in_reward=False, kl_coef=beta, entropy_coef=0.5, entropy_coef_final=0.1,
+      total_updates=2,
+  )
+  trainer = _trainer(config)
+  assert not trainer.steps.fuses_first_epoch
+  start = _perturbed(trainer.state)
+  rollout, raw = _hand_rollout(), jnp.asarray(RAW_SCORES)
+  batch, exp_m = trainer.steps.experience(start, trainer.frozen, rollout, raw)
+  assert float(exp_m["objective/non_score_reward"]) == 0.0
+  runs = {}
+  for coef in (beta, 0.0):
+    state, m = trainer.steps.update(_with_kl_coef(_copy(start), coef), trainer.frozen,
+                                    _copy(batch), exp_m["objective/kl"])
+    runs[coef] = (state, jax.device_get(m))
+  state, m = runs[beta]
+  assert m["entropy_coef"] == pytest.approx(0.5)
+  assert m["loss/kl_avg"] > 0.01
+  assert m["loss/total_avg"] == pytest.approx(_total_loss(m, config, 0.5, beta), rel=1e-5)
+  m0 = runs[0.0][1]
+  assert m0["loss/total_avg"] == pytest.approx(_total_loss(m0, config, 0.5), rel=1e-5)
+  diff = max(float(np.abs(a - b).max()) for a, b in zip(
+      jax.tree.leaves(state.policy), jax.tree.leaves(runs[0.0][0].policy), strict=True))
+  assert diff > 1e-4
+  # The next update uses the next value of the schedule: 0.5 + (0.1 - 0.5) * 1 / 2.
+  _, m = trainer.steps.update(state, trainer.frozen, _copy(batch), exp_m["objective/kl"])
+  assert float(m["entropy_coef"]) == pytest.approx(0.3)
+  assert trainer.steps.update._cache_size() == 1
+
+
 # -- entropy schedule ----------------------------------------------------------------------------
 
 
