@@ -225,7 +225,7 @@ def _spec_text(shape: tuple[int, ...] | None, dtype: Any) -> str:
   """`float32[16, 32]`: how a saved or expected array is shown in messages."""
   if shape is None:
     return _MISSING
-  return f"{dtype}[{', '.join(str(n) for n in shape)}]"
+  return f"{'<any dtype>' if dtype is None else dtype}[{', '.join(str(n) for n in shape)}]"
 
 
 def _array_specs(tree: Any, prefix: str = "") -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -251,12 +251,33 @@ def _array_specs(tree: Any, prefix: str = "") -> dict[str, tuple[tuple[int, ...]
   return out
 
 
+class _ShapeOnly:
+  """An expected leaf whose dtype is not checked (a host scalar or NumPy array in `like`, which
+  Orbax casts to the restore target's dtype)."""
+
+  def __init__(self, shape: tuple[int, ...]):
+    self.shape, self.dtype = shape, None
+
+
+def _expected_specs(like: Any, target: Any) -> Any:
+  """`target` (abstract `like`) with dtype-free leaves where `like` holds no JAX array."""
+
+  def spec(x: Any, t: Any) -> Any:
+    return t if isinstance(x, jax.Array | jax.ShapeDtypeStruct) else _ShapeOnly(tuple(t.shape))
+
+  return jax.tree.map(spec, like, target)
+
+
 def _structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, str]]:
   """`(path, saved, expected)` for every array whose presence, shape or dtype differs.
 
+  In the order of the live state's leaves (so a model's parameters come before their optimizer
+  moments), then the paths found only in the checkpoint.
+
   Args:
     saved: the checkpoint's array metadata tree (nested dicts/lists of `ArrayMetadata`).
-    expected: the serialized abstract target (nested dicts/lists of `jax.ShapeDtypeStruct`).
+    expected: the serialized abstract target (nested dicts/lists of `jax.ShapeDtypeStruct`, or
+      of `_ShapeOnly` where only the shape is checked).
   """
   a, b = _array_specs(saved), _array_specs(expected)
 
@@ -269,7 +290,7 @@ def _structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, st
       return str(x) == str(y)
 
   out = []
-  for path in sorted(set(a) | set(b)):
+  for path in [*b, *(p for p in a if p not in b)]:
     sa, sb = a.get(path), b.get(path)
     if sa is not None and sb is not None and sa[0] == sb[0] and same_dtype(sa[1], sb[1]):
       continue
@@ -613,14 +634,14 @@ class RunCheckpointer:
     self.wait()
     target = abstract_like(like)
     if step is not None:
-      return self._restore_step(int(step), target)
+      return self._restore_step(int(step), target, like)
     steps = self.steps()
     if not steps:
       raise CheckpointError(f"No checkpoint in {str(self.directory)!r} to restore.")
     damaged: list[CheckpointCorrupt] = []
     for candidate in reversed(steps):
       try:
-        restored = self._restore_step(candidate, target)
+        restored = self._restore_step(candidate, target, like)
       except CheckpointCorrupt as e:
         damaged.append(e)
         continue
@@ -663,12 +684,12 @@ class RunCheckpointer:
   def _step_dir(self, step: int) -> pathlib.Path:
     return self.directory / str(step)
 
-  def _restore_step(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+  def _restore_step(self, step: int, target: Any, like: Any) -> tuple[Any, dict[str, Any]]:
     """Checks (metadata, config, array structure) then restores one step into `target`."""
     meta = self.read_meta(step)
     if self.config is not None:
       self._check_config(meta, step)
-    self._check_structure(step, target)
+    self._check_structure(step, _expected_specs(like, target))
     folder = self._step_dir(step) / STATE_ITEM
     try:
       with _orbax_reads_drained():
@@ -694,8 +715,8 @@ class RunCheckpointer:
       )
     return state, dict(meta["extra"])
 
-  def _check_structure(self, step: int, target: Any) -> None:
-    """Compares the step's saved array metadata with `target`, before any array is read.
+  def _check_structure(self, step: int, expected: Any) -> None:
+    """Compares the step's saved array metadata with `expected`, before any array is read.
 
     Raises:
       CheckpointCorrupt: the state item or its array metadata is missing or unreadable.
@@ -713,16 +734,17 @@ class RunCheckpointer:
     if saved is None:
       raise self._damaged(step, folder, "its array metadata (shapes and dtypes) is missing")
     diffs = _structure_differences(getattr(saved, "tree", saved),
-                                   ocp.tree.serialize_tree(target, keep_empty_nodes=True))
+                                   ocp.tree.serialize_tree(expected, keep_empty_nodes=True))
     if not diffs:
       return
     shown = "; ".join(f"{p}: saved {a}, expected {b}" for p, a, b in diffs[:20])
     more = f" (and {len(diffs) - 20} more)" if len(diffs) > 20 else ""
     raise CheckpointStructureMismatch(
         f"Checkpoint step {step} in {str(self.directory)!r} holds other arrays than the state "
-        f"being restored: {shown}{more}. The model or trainer setup (architecture, sizes, "
-        "dtype, LoRA, critic) differs from the run that wrote it: restore with the setup that "
-        "wrote it, or start the new run in another directory. Nothing was changed.",
+        f"being restored ({len(diffs)} differ): {shown}{more}. The model or trainer setup "
+        "(architecture, sizes, dtype, LoRA, critic) differs from the run that wrote it: restore "
+        "with the setup that wrote it, or start the new run in another directory. Nothing was "
+        "changed.",
         diffs,
     )
 

@@ -222,13 +222,14 @@ def test_arrays_of_another_shape_or_dtype_are_refused_naming_each_path(tmp_path,
     with pytest.raises(CheckpointStructureMismatch) as e:
       ckpt.restore(like=other)
     assert state_reads == []  # refused before Orbax read (or tried to read) an array
-    assert e.value.differences == [
+    assert e.value.differences == [  # in the live state's order, then checkpoint-only paths
         ("params.lora_a", "<missing>", "float32[4, 32]"),
-        ("params.w0", "float32[32, 48]", "<missing>"),
         ("params.w1", "float32[32, 48]", "float32[32, 64]"),
         ("params.w2", "float32[32, 48]", "bfloat16[32, 48]"),
+        ("params.w0", "float32[32, 48]", "<missing>"),
     ]
     message = str(e.value)
+    assert "other arrays than the state being restored (4 differ): " in message
     assert "params.w1: saved float32[32, 48], expected float32[32, 64]" in message
     assert "restore with the setup that wrote it" in message and "Nothing was changed" in message
     assert ckpt.steps() == [1]  # a mismatch is not damage: no fallback, nothing moved
@@ -280,3 +281,18 @@ def test_a_save_killed_before_its_commit_is_ignored(tmp_path):
     assert ckpt.save(2, {"w": jnp.ones(6)}, extra={"pos": 2})
     ckpt.wait()
     assert ckpt.steps() == [1, 2]
+
+
+def test_host_leaves_are_checked_by_shape_only(tmp_path):
+  """Python scalars and NumPy arrays in `like` are restored cast (as Orbax does); their shapes
+  are still checked."""
+  saved = {"n": 3, "x": 1.5, "table": np.ones((2, 2)), "w": jnp.ones(2)}
+  with RunCheckpointer(tmp_path, save_every=1) as ckpt:
+    ckpt.save(1, saved)
+  with RunCheckpointer(tmp_path) as ckpt:
+    state, _ = ckpt.restore(like=saved)
+    assert int(state["n"]) == 3 and float(state["x"]) == 1.5
+    np.testing.assert_array_equal(np.asarray(state["table"]), np.ones((2, 2)))
+    with pytest.raises(CheckpointStructureMismatch, match=r"table: saved float64\[2, 2\], "
+                                                          r"expected <any dtype>\[3, 2\]"):
+      ckpt.restore(like={**saved, "table": np.ones((3, 2))})
