@@ -318,8 +318,38 @@ def _error_summary(error: BaseException) -> str:
   return type(error).__name__
 
 
+def _unparsable_json_files(folder: pathlib.Path) -> list[pathlib.Path]:
+  """The JSON files under `folder` (Orbax's metadata files) that are empty or do not parse.
+
+  Orbax's JSON errors do not name their file; this finds it. Binary files (array data, OCDBT
+  manifests) are recognised by their first byte and skipped.
+  """
+  bad = []
+  for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    if path.stat().st_size > (16 << 20):
+      continue
+    data = path.read_bytes()
+    if data and data.lstrip()[:1] not in (b"{", b"["):
+      continue
+    try:
+      json.loads(data)
+    except ValueError:
+      bad.append(path)
+  return bad
+
+
+def _has_json_error(error: BaseException) -> bool:
+  current, seen = error, set()
+  while current is not None and id(current) not in seen:
+    if isinstance(current, json.JSONDecodeError):
+      return True
+    seen.add(id(current))
+    current = current.__cause__ or current.__context__
+  return False
+
+
 _ARRAY_KEY = re.compile(r'Error (?:reading|opening) "([^"/]+)/')
-_DRAIN_TIMEOUT_S = 300.0
+_DRAIN_TIMEOUT_S = 60.0
 _DRAIN_LOCK = threading.RLock()
 
 
@@ -706,7 +736,7 @@ class RunCheckpointer:
         ) from e
       array = _ARRAY_KEY.search(str(e)) or _ARRAY_KEY.search(summary)
       where = f"{folder} (array {array.group(1)!r})" if array else folder
-      raise self._damaged(step, where, summary) from e
+      raise self._damaged(step, where, e) from e
     if jax.tree.structure(state) != jax.tree.structure(target):
       raise CheckpointError(
           f"Checkpoint step {step} in {str(self.directory)!r} restored into another tree "
@@ -752,7 +782,10 @@ class RunCheckpointer:
       self, step: int, where: str | os.PathLike, error: BaseException | str
   ) -> CheckpointCorrupt:
     """The `CheckpointCorrupt` of a damaged step, with what to do about it."""
-    reason = error if isinstance(error, str) else _error_summary(error)
+    reason = (error if isinstance(error, str) else _error_summary(error)).rstrip(".")
+    if (not isinstance(error, str) and isinstance(where, pathlib.Path) and where.is_dir()
+        and _has_json_error(error)):
+      where = ", ".join(str(p) for p in _unparsable_json_files(where)) or where
     others = [s for s in self.steps() if s != step]
     hint = (f"restore an earlier step ({others}), or the latest (step=None), which falls back "
             f"to the newest readable step and moves this one into {CORRUPT_DIR}/"

@@ -90,7 +90,7 @@ def _delete_array_file(step_dir):
 
 def _truncate_array_metadata(step_dir):
   _truncate(step_dir / "state" / "_METADATA")
-  return "state"
+  return "state/_METADATA"
 
 
 def _remove_meta_item(step_dir):
@@ -247,7 +247,7 @@ def test_a_failed_read_prints_no_event_loop_tracebacks(tmp_path, monkeypatch, ca
   monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
   with RunCheckpointer(directory, read_only=True) as ckpt:
     for _ in range(15):  # (unfixed, about one try in three showed the race: 15 make it sure)
-      with pytest.raises(CheckpointCorrupt, match="step 1 .* is damaged: .*state"):
+      with pytest.raises(CheckpointCorrupt, match="step 1 .* is damaged: .*state/array_metadata"):
         ckpt.restore(1, like=_state(0, n=24))
   time.sleep(0.3)  # (late callbacks would have fired by now)
   assert [str(u.exc_value) for u in unraisable] == []
