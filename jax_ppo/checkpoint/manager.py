@@ -25,7 +25,8 @@ and readable (else `CheckpointCorrupt`, naming the step, the file or array and w
 the latest step falls back to the newest earlier step that reads, with a warning naming each
 damaged step; the damaged folders are moved (never deleted) into `directory/corrupt/` so that
 the resumed run can save those steps again. A save killed half way leaves only an uncommitted
-`<step>.orbax-checkpoint-tmp-*` folder, which Orbax never lists as a step.
+`<step>.orbax-checkpoint-tmp*` folder, which Orbax never lists as a step (and replaces when
+that step is saved again).
 """
 
 from __future__ import annotations

@@ -270,17 +270,19 @@ def test_a_save_killed_before_its_commit_is_ignored(tmp_path):
   out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "'2.orbax-checkpoint-tmp" in out.stdout  # the uncommitted save was under way
+  assert "'2.orbax-checkpoint-tmp'" in out.stdout  # the uncommitted save was under way
   with RunCheckpointer(tmp_path, read_only=True) as ckpt:
     assert ckpt.steps() == [1]
     state, extra = ckpt.restore(like={"w": jnp.zeros(6)})
   np.testing.assert_array_equal(np.asarray(state["w"]), np.arange(6.0))
   assert extra == {"pos": 1}
+  assert (tmp_path / "2.orbax-checkpoint-tmp").is_dir()  # read-only: left as it was
   with RunCheckpointer(tmp_path) as ckpt:  # a resumed run saves step 2 again
     assert ckpt.restore(like={"w": jnp.zeros(6)})[1] == {"pos": 1}
     assert ckpt.save(2, {"w": jnp.ones(6)}, extra={"pos": 2})
     ckpt.wait()
     assert ckpt.steps() == [1, 2]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2"]  # the stale tmp replaced
 
 
 def test_host_leaves_are_checked_by_shape_only(tmp_path):
