@@ -109,3 +109,56 @@ def test_a_policy_of_another_shape_is_refused_naming_the_parameters(tmp_path, mo
   assert _files(tmp_path) == before
   assert unraisable == []
   assert "Event loop is closed" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_resume_after_the_policy_changed_shape_prints_one_error(tmp_path, capfd, monkeypatch):
+  """As a user met it: `jax-ppo train` on a run folder whose policy folder now holds a wider
+  model (the run config names the folder, not its shapes). One error, exit status 2, and none
+  of the Orbax "Event loop is closed" tracebacks that used to flood stderr."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  pytest.importorskip("tokenizers")
+  import yaml
+
+  from jax_ppo.cli import main
+  from tests.test_cli import PROMPTS, _tokenizer
+
+  tok = _tokenizer()
+
+  def write_policy(width):
+    config = transformers.GPT2Config(
+        vocab_size=len(tok), n_embd=width, n_layer=1, n_head=2, n_positions=64,
+        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+
+  write_policy(16)
+  (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+  (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+      "policy_path": str(tmp_path / "policy"), "prompts_path": str(tmp_path / "prompts.txt"),
+      "reward_function": "length", "run_dir": str(tmp_path / "run"), "save_every": 1,
+      "progress": False,
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
+              "total_updates": 2, "learning_rate": 1e-3},
+  }))
+  command = ["train", str(tmp_path / "run.yaml"), "updates_per_run=1"]
+  assert main(command) == 0
+  before = _files(tmp_path / "run")
+  capfd.readouterr()
+  unraisable = []
+  monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+  write_policy(32)  # the same folder now holds a wider model
+  assert main(command) == 2
+  time.sleep(0.3)  # (late Orbax callbacks would have fired by now)
+  err = capfd.readouterr().err
+  assert "jax-ppo train: error: Checkpoint step 1 in " in err
+  assert "holds other arrays than the state being restored" in err
+  assert "saved float32[16" in err and "expected float32[32" in err
+  assert "Traceback" not in err and "Event loop is closed" not in err
+  assert unraisable == []
+  assert _files(tmp_path / "run") == before
