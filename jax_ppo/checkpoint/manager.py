@@ -632,7 +632,9 @@ class RunCheckpointer:
 
   # ---- restoring -------------------------------------------------------------------------------
 
-  def restore(self, step: int | None = None, *, like: Any) -> tuple[Any, dict[str, Any]]:
+  def restore(
+      self, step: int | None = None, *, like: Any, before: int | None = None
+  ) -> tuple[Any, dict[str, Any]]:
     """Restores a checkpoint into the structure, dtypes and shardings of `like`.
 
     Before Orbax reads any array, the step's items must be present and readable and its saved
@@ -649,6 +651,8 @@ class RunCheckpointer:
       step: the step to restore; None restores the latest readable one (see above).
       like: a live state (or a tree of `jax.ShapeDtypeStruct`) of the same structure; only its
         shapes, dtypes and shardings are used.
+      before: with `step=None`, consider only steps < `before` (e.g. the last good checkpoint
+        before a collapse at that step), with the same fallback.
 
     Returns:
       `(state, extra)`: the restored pytree (same treedef as `like`) and the `extra` dict given
@@ -665,10 +669,13 @@ class RunCheckpointer:
     self.wait()
     target = abstract_like(like)
     if step is not None:
+      if before is not None:
+        raise ValueError("RunCheckpointer.restore: give `step` or `before`, not both.")
       return self._restore_step(int(step), target, like)
-    steps = self.steps()
+    steps = [s for s in self.steps() if before is None or s < before]
     if not steps:
-      raise CheckpointError(f"No checkpoint in {str(self.directory)!r} to restore.")
+      below = f" before step {before}" if before is not None else ""
+      raise CheckpointError(f"No checkpoint{below} in {str(self.directory)!r} to restore.")
     damaged: list[CheckpointCorrupt] = []
     for candidate in reversed(steps):
       try:

@@ -298,3 +298,19 @@ def test_host_leaves_are_checked_by_shape_only(tmp_path):
     with pytest.raises(CheckpointStructureMismatch, match=r"table: saved float64\[2, 2\], "
                                                           r"expected <any dtype>\[3, 2\]"):
       ckpt.restore(like={**saved, "table": np.ones((3, 2))})
+
+
+def test_before_restores_the_newest_readable_step_below_it(tmp_path, caplog):
+  """`before=` is the rollback's query: the last good checkpoint before a collapse."""
+  _save(tmp_path, steps=(1, 2, 3))
+  _delete_array_file(tmp_path / "2")
+  with RunCheckpointer(tmp_path) as ckpt, caplog.at_level(logging.WARNING):
+    state, extra = ckpt.restore(like=_state(0), before=3)
+    _assert_same(state, _state(1))
+    assert extra == {"pos": 1} and ckpt.steps() == [1, 3]
+    assert "Checkpoint step 2 in" in caplog.text
+    _assert_same(ckpt.restore(like=_state(0), before=4)[0], _state(3))
+    with pytest.raises(CheckpointError, match="No checkpoint before step 1 in"):
+      ckpt.restore(like=_state(0), before=1)
+    with pytest.raises(ValueError, match="give `step` or `before`, not both"):
+      ckpt.restore(3, like=_state(0), before=4)
