@@ -85,6 +85,13 @@ Performance knobs
 False): nnx.split(model)` switches an existing model temporarily). Attention never repeats K/V
 over query groups and computes scores and softmax in float32.
 
+Errors
+------
+Bad inputs raise subclasses of `ModelError` (a `ValueError`), each naming the file, field or id
+and the fix: `ModelFileError` (missing, truncated or corrupt checkpoint files;
+`MissingModelFileError` is also a `FileNotFoundError`), `UnsupportedModelError` (model_type or
+option not implemented; lists the supported ones), `PadTokenError`, `VocabularyError`.
+
 Tokenizers
 ----------
 `load_tokenizer(path)`: the folder's `AutoTokenizer` (local only), left padding, and a pad token
@@ -100,6 +107,14 @@ from jax_ppo.models.checkpoint import (
     save_pretrained,
 )
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
+from jax_ppo.models.errors import (
+    MissingModelFileError,
+    ModelError,
+    ModelFileError,
+    PadTokenError,
+    UnsupportedModelError,
+    VocabularyError,
+)
 from jax_ppo.models.heads import (
     ScalarHead,
     ScalarModel,
@@ -132,10 +147,16 @@ __all__ = [
     "Decoder",
     "KVCache",
     "LoRAConfig",
+    "MissingModelFileError",
     "ModelConfig",
+    "ModelError",
+    "ModelFileError",
+    "PadTokenError",
     "RopeScaling",
     "ScalarHead",
     "ScalarModel",
+    "UnsupportedModelError",
+    "VocabularyError",
     "add_lora",
     "check_vocab_covers",
     "decode_step",
