@@ -122,6 +122,7 @@ from jax_ppo.models.heads import (
     value_model_from_reward_model,
 )
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
+from jax_ppo.models.resize import resize_token_embeddings
 from jax_ppo.models.tokenizer import (
     check_vocab_covers,
     encode_chat,
@@ -173,6 +174,7 @@ __all__ = [
     "pad_batch",
     "prefill",
     "read_last_valid",
+    "resize_token_embeddings",
     "save_pretrained",
     "split_lora",
     "value_model_from_reward_model",
