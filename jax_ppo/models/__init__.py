@@ -95,9 +95,12 @@ option not implemented; lists the supported ones), `PadTokenError`, `VocabularyE
 Tokenizers
 ----------
 `load_tokenizer(path)`: the folder's `AutoTokenizer` (local only), left padding, and a pad token
-distinct from EOS (an existing unused special token when there is one, else a new one; see its
-docstring for the embedding-size caveat); `encode_chat(tokenizer, conversations)` applies the chat
-template; `pad_batch(seqs, pad_token_id=..., length=...)` left-pads id lists into `(ids, mask)`.
+distinct from every stop id: the tokenizer's own, else an existing unused special token (Llama
+2 / Mistral: `<unk>`), else a `PadTokenError` naming the fixes (`pad_token=...`, or
+`add_pad_token=True` plus `resize_token_embeddings(model, len(tokenizer))`, which appends
+mean-initialised rows to the embedding and an untied head); `encode_chat(tokenizer,
+conversations)` applies the chat template; `pad_batch(seqs, pad_token_id=..., length=...)`
+left-pads id lists into `(ids, mask)`.
 """
 
 from jax_ppo.models.checkpoint import (
