@@ -127,6 +127,7 @@ from jax_ppo.models.heads import (
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings
 from jax_ppo.models.tokenizer import (
+    check_token_ids,
     check_vocab_covers,
     encode_chat,
     ensure_pad_token,
@@ -162,6 +163,7 @@ __all__ = [
     "UnsupportedModelError",
     "VocabularyError",
     "add_lora",
+    "check_token_ids",
     "check_vocab_covers",
     "decode_step",
     "encode_chat",

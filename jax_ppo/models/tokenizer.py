@@ -179,6 +179,35 @@ def check_vocab_covers(tokenizer: Any, config: ModelConfig) -> None:
     )
 
 
+def check_token_ids(ids: Any, vocab_size: int, *, what: str) -> None:
+  """Raises `VocabularyError` when some id of `ids` is negative or not below `vocab_size`.
+
+  A host-side check (NumPy, outside jit) for ids about to reach a model: `jnp.take` fills an
+  out-of-range embedding row with NaN, which silently turns the forward pass (and, after one
+  update, every parameter) into NaN.
+
+  Args:
+    ids: an int sequence or array of any shape.
+    vocab_size: the model's `config.vocab_size`.
+    what: how the message names `ids` (e.g. "prompt 3").
+  """
+  arr = np.asarray(ids)
+  if arr.size == 0:
+    return
+  if not np.issubdtype(arr.dtype, np.integer):
+    raise VocabularyError(f"{what} holds {arr.dtype} values; token ids must be integers.")
+  bad = (arr < 0) | (arr >= vocab_size)
+  if bad.any():
+    flat = int(np.flatnonzero(bad.reshape(-1))[0])
+    position = np.unravel_index(flat, arr.shape)
+    where = f" at position {position[0] if arr.ndim == 1 else tuple(map(int, position))}"
+    raise VocabularyError(
+        f"{what} has token id {int(arr.reshape(-1)[flat])}{where}, outside the model's "
+        f"vocabulary of {vocab_size} ids [0, {vocab_size}); it comes from another tokenizer "
+        "or a tokenizer with added tokens (see resize_token_embeddings)."
+    )
+
+
 def encode_chat(
     tokenizer: Any,
     conversations: Sequence[Sequence[dict[str, str]]],
