@@ -69,6 +69,7 @@ def ensure_pad_token(
     pad_token: str | None = None,
     extra_eos_ids: Sequence[int] = (),
     add_pad_token: bool = False,
+    require_pad: bool = True,
 ) -> bool:
   """Gives `tokenizer` a pad token distinct from every stop id (in place).
 
@@ -79,6 +80,9 @@ def ensure_pad_token(
       configured stop ids).
     add_pad_token: when no existing token fits (or `pad_token` is new), add it (default
       `<|pad|>`) as a special token; the model then needs `resize_token_embeddings`.
+    require_pad: False leaves the tokenizer's pad as it was (None, or even EOS) when no token
+      fits and `add_pad_token` is False, instead of raising: for a tokenizer whose padding only
+      ever sits in masked slots, e.g. a reward model's that re-tokenizes responses.
 
   Returns:
     True when a new token was added to the vocabulary (grow the embedding to `len(tokenizer)`).
@@ -121,6 +125,8 @@ def ensure_pad_token(
   if add_pad_token:
     tokenizer.add_special_tokens({"pad_token": NEW_PAD_TOKEN})
     return True
+  if not require_pad:
+    return False
   special = sorted(set(getattr(tokenizer, "all_special_tokens", []) or []))
   raise PadTokenError(
       f"{_name(tokenizer)} has no pad token, and none of its special tokens {special} can serve "
@@ -136,6 +142,7 @@ def load_tokenizer(
     chat_template: str | None = None,
     extra_eos_ids: Sequence[int] = (),
     add_pad_token: bool = False,
+    require_pad: bool = True,
 ) -> Any:
   """The folder's tokenizer, left-padding, with a pad token distinct from every stop id.
 
@@ -148,9 +155,11 @@ def load_tokenizer(
     add_pad_token: allow adding a new pad token when no existing one fits; then
       `len(tokenizer)` grows by one and the model needs
       `resize_token_embeddings(model, len(tokenizer))`.
+    require_pad: see `ensure_pad_token`.
 
   Returns:
-    The tokenizer; `tokenizer.pad_token_id` is set and not a stop id.
+    The tokenizer; `tokenizer.pad_token_id` is set and not a stop id (unless `require_pad` is
+    False and none fits).
 
   Raises:
     PadTokenError: no usable pad token without adding one (see `ensure_pad_token`).
@@ -164,7 +173,7 @@ def load_tokenizer(
   if chat_template is not None:
     tokenizer.chat_template = chat_template
   ensure_pad_token(tokenizer, pad_token=pad_token, extra_eos_ids=extra_eos_ids,
-                   add_pad_token=add_pad_token)
+                   add_pad_token=add_pad_token, require_pad=require_pad)
   return tokenizer
 
 

@@ -94,6 +94,9 @@ def test_gpt2_layout_is_a_clear_error_naming_both_fixes(tmp_path):
   with pytest.raises(tok_lib.PadTokenError, match="not in the vocabulary"):
     tok_lib.load_tokenizer(path, pad_token="<pad>")
   assert tok_lib.load_tokenizer(path, pad_token="<pad>", add_pad_token=True).pad_token_id == 3
+  # A reward model's tokenizer only pads masked slots: it may stay without a pad token.
+  lenient = tok_lib.load_tokenizer(path, require_pad=False)
+  assert lenient.pad_token is None and len(lenient) == 3
 
 
 def test_reuses_an_existing_unused_special_token(tmp_path):
