@@ -102,3 +102,18 @@ def test_pad_id_inside_prompt_text_is_a_real_token(model):
   np.testing.assert_array_equal(np.asarray(a.response_ids)[m], np.asarray(b.response_ids)[m])
   np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), atol=1e-6)
   np.testing.assert_array_equal(np.asarray(a.positions), np.asarray(b.positions))
+
+
+def test_eager_calls_check_ids_and_jitted_calls_stay_unchecked(model):
+  from jax_ppo.rollout.sampler import teacher_forced_logprobs
+
+  with pytest.raises(VocabularyError, match=rf"input_ids has token id {V} at position \(0, 1\)"):
+    model(np.array([[5, V, 6]]))
+  rollout = Sampler(model, _sampling())([[5, 6]], jax.random.PRNGKey(0))
+  bad = rollout.replace(response_ids=rollout.response_ids.at[0, 0].set(V + 3))
+  with pytest.raises(VocabularyError, match=f"token id {V + 3}"):
+    teacher_forced_logprobs(model, bad, temperature=1.0)
+  # Under jit the ids are traced: no host check in the hot path (the Sampler checked them).
+  graphdef, state = nnx.split(model)
+  run = jax.jit(lambda s, r: teacher_forced_logprobs(nnx.merge(graphdef, s), r, temperature=1.0))
+  assert np.isfinite(np.asarray(run(state, rollout))).all()
