@@ -17,6 +17,8 @@ Loading, calling, saving
     logits, h = model(ids, attention_mask=mask, return_hidden=True)   # h: [B, S, D]
     save_pretrained(model, out_path)                         # transformers-loadable folder
 
+Ids must lie in `[0, vocab_size)` (an out-of-range id would embed as NaN): eager calls check
+them (`VocabularyError`), traced calls do not; `Sampler` checks prompts before its jit.
 `attention_mask` is `[B, S]`, 1 on real tokens; left padding is handled through it: positions are
 `cumsum(mask) - 1` (`jax_ppo.core.position_ids_from_mask`) and pad slots are never attended.
 `from_pretrained(path, *, dtype=None, param_dtype=None, remat="none", scan_layers=True)`:
