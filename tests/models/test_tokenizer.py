@@ -87,16 +87,28 @@ def test_gpt2_layout_is_a_clear_error_naming_both_fixes(tmp_path):
   for part in ("<|endoftext|>", path, "pad_token", "add_pad_token=True",
                "resize_token_embeddings(model, len(tokenizer))", "resize_embeddings=true"):
     assert part in message, part
-  # Fix 1: a configured existing token. Fix 2: a new token (the caller resizes the model).
+  # Fix 1: a configured existing token. Fix 2: a new token (test_adds_a_new_pad_token_...).
   assert tok_lib.load_tokenizer(path, pad_token="world").pad_token_id == 2
-  added = tok_lib.load_tokenizer(path, add_pad_token=True)
-  assert added.pad_token == tok_lib.NEW_PAD_TOKEN and len(added) == 4 == added.pad_token_id + 1
   with pytest.raises(tok_lib.PadTokenError, match="not in the vocabulary"):
     tok_lib.load_tokenizer(path, pad_token="<pad>")
   assert tok_lib.load_tokenizer(path, pad_token="<pad>", add_pad_token=True).pad_token_id == 3
   # A reward model's tokenizer only pads masked slots: it may stay without a pad token.
   lenient = tok_lib.load_tokenizer(path, require_pad=False)
   assert lenient.pad_token is None and len(lenient) == 3
+
+
+def test_adds_a_new_pad_token_when_none_fits(tmp_path):
+  """Only when asked (add_pad_token=True); the model then needs resize_token_embeddings."""
+  path = _make_gpt2_like(tmp_path)
+  tokenizer = tok_lib.load_tokenizer(path, add_pad_token=True)
+  assert tokenizer.pad_token == tok_lib.NEW_PAD_TOKEN
+  assert tokenizer.pad_token_id == 3 and len(tokenizer) == 4  # one id past the old vocabulary
+  assert tokenizer.pad_token_id != tokenizer.eos_token_id
+  enc = tokenizer(["hello", "hello world world"], padding=True, return_tensors="np")
+  np.testing.assert_array_equal(enc["attention_mask"], [[0, 0, 1], [1, 1, 1]])
+  np.testing.assert_array_equal(enc["input_ids"][0], [3, 3, 1])
+  # A tokenizer whose existing tokens fit never grows, even when adding is allowed.
+  assert len(tok_lib.load_tokenizer(_make_tokenizer(tmp_path / "l2"), add_pad_token=True)) == 8
 
 
 def test_reuses_an_existing_unused_special_token(tmp_path):
