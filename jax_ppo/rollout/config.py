@@ -70,10 +70,13 @@ class SamplingConfig:
     if not _is_token_id(self.pad_token_id):
       bad("pad_token_id", self.pad_token_id,
           "use a token id (an int >= 0) that is not a stop id; load_tokenizer chooses one")
-    if not isinstance(self.stop_token_ids, tuple) or not all(
+    if not isinstance(self.stop_token_ids, (tuple, list)) or not all(
         _is_token_id(i) for i in self.stop_token_ids
     ):
       bad("stop_token_ids", self.stop_token_ids, "use a tuple of token ids (ints >= 0)")
+    # Plain ints in a tuple (NumPy integers or a list are accepted): the config stays hashable.
+    object.__setattr__(self, "pad_token_id", operator.index(self.pad_token_id))
+    object.__setattr__(self, "stop_token_ids", tuple(map(operator.index, self.stop_token_ids)))
     if self.pad_token_id in self.stop_token_ids:
       bad(
           "pad_token_id",

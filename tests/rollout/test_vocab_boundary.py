@@ -35,13 +35,15 @@ def model():
     ("kwargs", "field"),
     [(dict(pad_token_id=None), "pad_token_id"), (dict(pad_token_id=-1), "pad_token_id"),
      (dict(pad_token_id=True), "pad_token_id"), (dict(pad_token_id=1.5), "pad_token_id"),
-     (dict(stop_token_ids=(-2,)), "stop_token_ids"), (dict(stop_token_ids=[3]), "stop_token_ids"),
+     (dict(stop_token_ids=(-2,)), "stop_token_ids"), (dict(stop_token_ids=3), "stop_token_ids"),
      (dict(stop_token_ids=("</s>",)), "stop_token_ids")],
 )
 def test_sampling_config_rejects_values_that_are_not_token_ids(kwargs, field):
   with pytest.raises(ValueError, match=f"SamplingConfig.{field}="):
     _sampling(**kwargs)
-  assert _sampling(pad_token_id=np.int64(5)).pad_token_id == 5
+  normalised = _sampling(pad_token_id=np.int64(5), stop_token_ids=[np.int32(3), 4])
+  assert normalised.pad_token_id == 5 and type(normalised.pad_token_id) is int
+  assert normalised.stop_token_ids == (3, 4) and hash(normalised)
 
 
 def test_sampler_checks_pad_and_stop_ids_against_the_vocabulary(model):
