@@ -89,3 +89,14 @@ def test_resize_embeddings_grows_policy_reward_and_critic_and_trains(folders):
                if np.issubdtype(np.asarray(x).dtype, np.floating))
   finally:
     trainer.close()
+  # The checkpoint restores into the grown model, and the export loads in transformers with
+  # a tokenizer and an embedding of the same size.
+  out, step = run.export_run(folders / "resized", folders / "exported")
+  assert step == 2
+  hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+  hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+  assert hf_tok.pad_token == "<|pad|>" and len(hf_tok) == v + 1
+  assert hf.get_input_embeddings().weight.shape[0] == v + 1
+  with torch.no_grad():
+    logits = hf(torch.tensor([[v, 1, 2]]), attention_mask=torch.tensor([[0, 1, 1]])).logits
+  assert torch.isfinite(logits).all()
