@@ -34,6 +34,7 @@ from jax_ppo.models.layers import (
     attention,
     rope_cos_sin,
 )
+from jax_ppo.models.tokenizer import check_token_ids
 
 Array = jax.Array
 
@@ -49,6 +50,13 @@ def _remat_policy(name: str):
   if name == "dots_all":
     return jax.checkpoint_policies.dots_saveable
   raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {name!r}.")
+
+
+def _check_concrete_ids(ids, vocab_size: int) -> None:
+  """Checks ids known on the host (eager calls, constants) against the vocabulary; traced ids
+  (inside jit, the hot paths) are left alone: the `Sampler` checks prompts before its jit."""
+  if not isinstance(ids, jax.core.Tracer):
+    check_token_ids(np.asarray(ids), vocab_size, what="input_ids")
 
 
 class KVCache(NamedTuple):
@@ -291,9 +299,14 @@ class Decoder(nnx.Module):
 
     Returns:
       `h` `[B, S, D]` in the compute dtype, or `(h, (k, v))` with `return_kv`.
+
+    Raises:
+      VocabularyError: (eager calls only) an id outside `[0, vocab_size)`, which would embed as
+        NaN; under `jax.jit` ids are traced and not checked.
     """
     if input_ids.ndim != 2:
       raise ValueError(f"`input_ids` must be [B, S], got shape {input_ids.shape}.")
+    _check_concrete_ids(input_ids, self.config.vocab_size)
     b, s = input_ids.shape
     if attention_mask is None:
       attention_mask = jnp.ones((b, s), bool)

@@ -39,8 +39,10 @@ from jax_ppo.models import (
     check_vocab_covers,
     encode_chat,
     from_pretrained,
+    load_config,
     load_scalar_model,
     load_tokenizer,
+    resize_token_embeddings,
     value_model_from_reward_model,
 )
 from jax_ppo.trainer.config import PPOConfig
@@ -98,6 +100,15 @@ class RunConfig:
   preset: str | None = None
   """Scenario preset (`jax_ppo.trainer.presets.PRESETS`) applied to `ppo` before the file's and
   the command line's values."""
+  pad_token: str | None = None
+  """Pad token of the policy's tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an
+  existing unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop
+  token; a token missing from the vocabulary needs `resize_embeddings`."""
+  resize_embeddings: bool = False
+  """When the tokenizer has no usable pad token (GPT-2) or `pad_token` is new, add it and grow
+  the embedding (and an untied LM head) of the policy and of the reward and value models that
+  read its ids, new rows initialised to the mean row (`jax_ppo.models.resize_token_embeddings`).
+  False: such a tokenizer is an error naming this switch."""
   dtype: str = "float32"
   """Compute dtype of every model: "float32", "bfloat16" or "float16" (weights stay float32)."""
   updates_per_run: int | None = None
@@ -146,6 +157,10 @@ class RunConfig:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.dtype not in DTYPES:
       bad("dtype", f"choose one of {list(DTYPES)}")
+    if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
+      bad("pad_token", "give a token string of the policy's vocabulary, or null")
+    if not isinstance(self.resize_embeddings, bool):
+      bad("resize_embeddings", "use true or false")
     if self.updates_per_run is not None and (
         not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
       bad("updates_per_run", "use an int >= 1 or null")
@@ -336,6 +351,16 @@ def _check_folder(field: str, path: str | None) -> None:
 # ---- building and running ------------------------------------------------------------------------
 
 
+def _grow_vocab(config: RunConfig, model: Any, num_tokens: int, what: str) -> None:
+  """With `resize_embeddings`, grows `model` to `num_tokens` ids when its tokenizer has more
+  (a new pad token); otherwise `check_vocab_covers` reports the mismatch."""
+  old = model.config.vocab_size
+  if config.resize_embeddings and num_tokens > old:
+    resize_token_embeddings(model, num_tokens)
+    logger.info("resize_embeddings: grew the %s's vocabulary from %d to %d ids (new rows are "
+                "the mean embedding).", what, old, num_tokens)
+
+
 def build_trainer(
     config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
 ) -> PPOTrainer:
@@ -352,8 +377,14 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
-  tokenizer = load_tokenizer(config.policy_path)
+  policy_eos = load_config(config.policy_path).eos_token_ids
+  # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
+  tokenizer = load_tokenizer(
+      config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
+      extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
+  )
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32)
+  _grow_vocab(config, policy, len(tokenizer), "policy")
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
@@ -368,12 +399,15 @@ def build_trainer(
   if config.reward_model_path is not None:
     reward_model = load_scalar_model(config.reward_model_path, dtype=dtype,
                                      param_dtype=jnp.float32)
-    reward_tokenizer = (load_tokenizer(config.reward_model_path)
+    # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
+    reward_tokenizer = (load_tokenizer(config.reward_model_path,
+                                       add_pad_token=config.resize_embeddings, require_pad=False)
                         if _has_tokenizer(config.reward_model_path) else None)
+    reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
+    _grow_vocab(config, reward_model, reward_vocab, "reward model")
     scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
                                reward_tokenizer=reward_tokenizer)
-    if not scorer.retokenize:
-      check_vocab_covers(tokenizer, reward_model.config)
+    check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
     if ppo.uses_critic and config.value_model_path is None:
       if scorer.retokenize:
         logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
@@ -386,6 +420,7 @@ def build_trainer(
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
                                       param_dtype=jnp.float32)
+      _grow_vocab(config, value_model, len(tokenizer), "value model")
       check_vocab_covers(tokenizer, value_model.config)
     else:
       logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",
