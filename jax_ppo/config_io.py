@@ -140,11 +140,25 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
   """Reads a YAML or JSON config file (or `config.yaml` in a directory) into a dict."""
   path = _resolve_path(path)
   suffix = path.suffix.lower()
-  text = path.read_text()
+  try:
+    text = path.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raw = path.read_bytes()
+    line = raw.count(b"\n", 0, e.start) + 1
+    column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ValueError(f"Config file {str(path)!r}, line {line}, column {column}: not valid UTF-8; "
+                     "save it as UTF-8.") from None
   if suffix in _JSON_SUFFIXES:
-    data = json.loads(text) if text.strip() else {}
+    try:
+      data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+      raise ValueError(f"Config file {str(path)!r}, line {e.lineno}, column {e.colno}: invalid "
+                       f"JSON ({e.msg}).") from None
   elif suffix in _YAML_SUFFIXES:
-    data = yaml.safe_load(text)
+    try:
+      data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ValueError(_yaml_error_message(path, e)) from None
   else:
     raise ValueError(
         f"Config file {str(path)!r} has an unsupported suffix {suffix!r}; use one of "
@@ -490,6 +504,17 @@ def _resolve_path(path: str | os.PathLike) -> pathlib.Path:
   if not path.exists():
     raise FileNotFoundError(f"Config file {str(path)!r} does not exist.")
   return path
+
+
+def _yaml_error_message(path: pathlib.Path, error: yaml.YAMLError) -> str:
+  """One line for a YAML syntax error: file, line, column (1-based) and the parser's reason."""
+  mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+  where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+  reason = " ".join(
+      str(part) for part in (getattr(error, "context", None), getattr(error, "problem", None))
+      if part
+  ) or str(error).splitlines()[0]
+  return f"Config file {str(path)!r}{where}: invalid YAML ({reason})."
 
 
 def _unknown_key_message(cls: type, dotted: str, key: str, hints: Mapping[str, Any]) -> str:

@@ -188,8 +188,13 @@ def test_eval_and_export_errors(files, capsys, tmp_path):
   assert main(["eval", "--run-dir", str(tmp_path), "--prompts", str(files / "eval.jsonl")]) == 2
   assert "has no config.yaml; pass the run folder written by `jax-ppo train`" in (
       capsys.readouterr().err)
-  assert main(["export", "--run-dir", str(files / "missing"), "--out", str(tmp_path)]) == 2
-  assert "has no config.yaml" in capsys.readouterr().err
+  for command in ("eval", "export"):
+    extra = ["--prompts", str(files / "eval.jsonl")] if command == "eval" else ["--out",
+                                                                               str(tmp_path)]
+    assert main([command, "--run-dir", str(files / "missing"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jax-ppo {command}: error: Run folder '{files / 'missing'}' does not exist; "
+                   "pass the run_dir of a `jax-ppo train` run.\n")
   with pytest.raises(SystemExit):
     main(["eval", "--prompts", "x.txt"])  # --run-dir is required (argparse)
 

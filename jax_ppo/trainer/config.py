@@ -8,6 +8,7 @@ the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 from jax_ppo.core import KL_ESTIMATORS
 from jax_ppo.core._checks import REDUCTIONS
@@ -191,6 +192,14 @@ class PPOConfig:
       bad("top_p", "use a value in (0, 1]")
     if not isinstance(self.top_k, int) or self.top_k < 0:
       bad("top_k", "use an int >= 0")
+    if not isinstance(self.pad_token_id, numbers.Integral) or isinstance(
+        self.pad_token_id, bool) or self.pad_token_id < 0:
+      bad("pad_token_id", "use the tokenizer's pad id, an int >= 0 (a tokenizer without a pad "
+                          "token needs one set, e.g. by jax_ppo.models.load_tokenizer)")
+    if not isinstance(self.stop_token_ids, tuple | list) or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
+        for i in self.stop_token_ids):
+      bad("stop_token_ids", "use a tuple of token ids, ints >= 0")
     if self.pad_token_id in self.stop_token_ids:
       bad("pad_token_id", "PAD must differ from every stop/EOS id (item 1)")
     if not 0 <= self.gamma <= 1:
