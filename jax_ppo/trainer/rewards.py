@@ -75,16 +75,14 @@ def check_scores(scores: Any, batch: int, *, source: str,
     ValueError: naming the batch row (its prompt) and the value: a non-number, NaN or inf, or a
       length other than `B`. Nothing is ever replaced by zero.
   """
-  if isinstance(scores, (str, bytes, Mapping)) or np.ndim(scores) == 0 and not hasattr(
-      scores, "__len__"):
+  array_like = isinstance(scores, np.ndarray | np.generic | jax.Array)
+  if not array_like and (isinstance(scores, str | bytes | Mapping | set | frozenset)
+                         or not hasattr(scores, "__len__") or not hasattr(scores, "__iter__")):
     raise ValueError(
         f"{source} returned {_short(scores)} ({type(scores).__name__}); return a list or array "
         f"of {batch} floats, one per response, in order."
     )
-  try:
-    items = list(scores) if not isinstance(scores, np.ndarray | jax.Array) else None
-  except TypeError:
-    items = None
+  items = None if array_like else list(scores)
   if items is not None:
     if len(items) != batch:
       raise ValueError(
