@@ -407,8 +407,8 @@ def load_prompts(
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{where}, line {number}: invalid JSON ({e}); write one JSON object "
-                         "per line.") from None
+        raise ValueError(f"{where}, line {number}, column {e.colno}: invalid JSON ({e.msg}); "
+                         "write one JSON object per line.") from None
       if not isinstance(record, dict):
         raise ValueError(
             f"{where}, line {number}: expected an object with a \"prompt\" string or a "
