@@ -298,9 +298,11 @@ def import_reward_function(spec: str) -> Callable[[list, list], Any]:
                      f"{e}.") from e
   if not hasattr(module, function):
     public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                    and getattr(v, "__module__", None) == module_name)
+                    and not isinstance(v, type) and getattr(v, "__module__", None) == module_name)
+    close = difflib.get_close_matches(function, public, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-                     f"has no attribute {function!r}; its functions: {public or 'none'}.")
+                     f"has no attribute {function!r}{hint}; its functions: {public or 'none'}.")
   fn = getattr(module, function)
   if isinstance(fn, type) or not callable(fn):
     raise ValueError(f"{where}: {module_name}.{function} is a {type(fn).__name__}, not a "
