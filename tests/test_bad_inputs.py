@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -309,3 +310,57 @@ def test_reward_model_with_its_own_tokenizer_scores_its_own_ids(files, tmp_path)
   np.testing.assert_allclose(logged, own, atol=1e-4)
   assert not np.allclose(logged, foreign, atol=1e-2)  # the policy's ids would score otherwise
   assert np.mean(own) == pytest.approx(history[0]["objective/scores"], abs=1e-4)
+
+
+# ---- reward functions through the command line ---------------------------------------------------
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+  """A module `user_rewards_cli` on sys.path with good and bad reward functions."""
+  (tmp_path / "user_rewards_cli.py").write_text(
+      "import math\n\n"
+      "def words(prompts, responses):\n"
+      "  return [float(len(r.split())) for r in responses]\n\n"
+      "def nan_for_the_actor(prompts, responses):\n"
+      "  return [math.nan if 'actor' in p else 1.0 for p in prompts]\n\n"
+      "def fails_on_the_actor(prompts, responses):\n"
+      "  return [{'the actor is': None}.get(p, 0.0) + 1.0 for p in prompts]\n"
+  )
+  monkeypatch.syspath_prepend(str(tmp_path))
+  yield "user_rewards_cli"
+  sys.modules.pop("user_rewards_cli", None)
+
+
+def test_a_nan_reward_stops_the_run_naming_the_row_and_prompt(files, tmp_path, capsys,
+                                                              user_rewards):
+  status = main(["train", str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}",
+                 f"reward_function={user_rewards}:nan_for_the_actor", "ppo.batch_size=8",
+                 "prompts_path=" + str(files / "prompts.txt"), "save_every=1"])
+  err = capsys.readouterr().err
+  assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+  # Prompts are shuffled: the actor's prompt is at some rows; every one of them is named.
+  assert f"The reward function '{user_rewards}:nan_for_the_actor' returned non-finite scores " \
+         "at 2 of 8 rows (row " in err
+  assert "(prompt 'the actor is')" in err and "nothing is replaced by zero" in err
+  assert not list((tmp_path / "run").glob("checkpoints/*"))  # no update was applied
+
+
+def test_an_exception_in_the_reward_function_keeps_its_traceback(files, tmp_path, user_rewards):
+  from jax_ppo.trainer.rewards import RewardFunctionError
+
+  with pytest.raises(RewardFunctionError, match=r"raised TypeError: unsupported operand type.* "
+                                                r"at row \d \(prompt 'the actor is'\)") as info:
+    main(["train", str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}",
+          f"reward_function={user_rewards}:fails_on_the_actor"])
+  assert isinstance(info.value.__cause__, TypeError)
+
+
+@pytest.mark.slow
+def test_a_module_reward_trains_end_to_end(files, tmp_path, capsys, user_rewards):
+  run_dir = tmp_path / "run"
+  assert main(["train", str(files / "run.yaml"), f"run_dir={run_dir}", "updates_per_run=1",
+               f"reward_function={user_rewards}:words"]) == 0
+  samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+  assert [s["reward"] for s in samples] == [float(len(s["response"].split())) for s in samples]
+  assert run.saved_run_config(run_dir).reward_function == f"{user_rewards}:words"
