@@ -336,3 +336,29 @@ def test_file_errors(tmp_path):
     config_to_dict(Outer)
   with pytest.raises(TypeError, match="dataclass type"):
     config_from_dict(Outer(), {})
+
+
+@pytest.mark.parametrize(
+    "name, content, pattern",
+    [
+        ("c.yaml", b"seed: 1\ninner:\n  dim: 2\n   names: [a]\n",
+         r"c.yaml', line 4, column 9: invalid YAML \(mapping values are not allowed here\)\.$"),
+        ("c.yaml", b"seeds: [1, 2\nlr: 3\n",
+         r"c.yaml', line 2, column 3: invalid YAML \(while parsing a flow sequence expected ',' "
+         r"or '\]', but got ':'\)\.$"),
+        ("c.yml", b"name: \"unterminated\n", r"c.yml', line 2, column 1: invalid YAML"),
+        ("c.yaml", b"\tseed: 1\n", r"c.yaml', line 1, column 1: invalid YAML \(.*'\\t' that cannot "
+         r"start any token\)"),
+        ("c.json", b'{"seed": 1,\n  "lr": }\n',
+         r"c.json', line 2, column 9: invalid JSON \(Expecting value\)\.$"),
+        ("c.yaml", b"seed: 1\nname: caf\xe9\n", r"c.yaml', line 2, column 10: not valid UTF-8"),
+    ],
+)
+def test_syntax_errors_give_file_line_and_column_in_one_line(tmp_path, name, content, pattern):
+  path = tmp_path / name
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=pattern) as info:
+    read_config_file(path)
+  message = str(info.value)
+  assert "\n" not in message and message.startswith(f"Config file '{path}'")
+  assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained traceback
