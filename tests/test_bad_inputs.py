@@ -203,6 +203,8 @@ def test_yaml_and_json_syntax_errors_give_file_line_and_column(files, tmp_path, 
         ("ppo.num_minibatches=3",
          "PPOConfig.batch_size=4 is invalid: it must be divisible by num_minibatches (3)"),
         ("ppo.stop_token_ids=[-1]", "PPOConfig.stop_token_ids=(-1,) is invalid"),
+        ("ppo.stop_token_ids=[1,300]", "RunConfig.ppo.stop_token_ids=(1, 300): id(s) [300] are "
+                                      "outside the policy's vocabulary of 30 tokens"),
         ("ppo.batch_size=four", "Config key 'ppo.batch_size' (PPOConfig.batch_size) in override "
                                 "'ppo.batch_size=four': expected an int"),
     ],

@@ -5,6 +5,7 @@ tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
 """
 
 import json
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -239,3 +240,29 @@ def test_prompt_files_and_builtin_rewards(files, tmp_path):
   assert run.reward_function("count:good", tok)(rollout).tolist() == [2.0, 0.0]
   assert run.reward_function(f"count:{good}", tok)(rollout).tolist() == [2.0, 0.0]
   assert run.reward_function("length", tok)(rollout).tolist() == [3.0, 1.0]
+
+
+def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monkeypatch, capsys):
+  from safetensors import SafetensorError
+
+  from jax_ppo.checkpoint import CheckpointError
+
+  def fail_with(error):
+    def run_training(config):
+      raise error
+    monkeypatch.setattr(run, "run_training", run_training)
+    monkeypatch.setattr(run, "load_run_config", lambda argv: SimpleNamespace(run_dir="r"))
+
+  for error, line in [
+      (ValueError("first\n  second"), "error: first second"),
+      (FileNotFoundError("no such file"), "error: no such file"),
+      (CheckpointError("step 3 is unreadable"), "error: step 3 is unreadable"),
+      (SafetensorError("incomplete metadata"), "error: unreadable safetensors file: incomplete"),
+  ]:
+    fail_with(error)
+    assert main(["train", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jax-ppo train: " + line) and err.count("\n") == 1, err
+  fail_with(KeyError("a bug"))
+  with pytest.raises(KeyError, match="a bug"):  # unexpected: the traceback is shown
+    main(["train", "x.yaml"])

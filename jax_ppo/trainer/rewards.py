@@ -120,6 +120,24 @@ def check_scores(scores: Any, batch: int, *, source: str,
   return arr
 
 
+def check_device_scores(scores: Array, *, source: str,
+                        prompts: Callable[[], Sequence | None] | None = None) -> None:
+  """`check_scores` for scores `[B]` computed on device (a reward model, a `TokenScorer`).
+
+  One device-side reduction when every score is finite (the common case); otherwise the scores
+  are gathered to the host and the error names the rows, values and (when `prompts` can give
+  them) the prompts.
+  """
+  if bool(jnp.all(jnp.isfinite(scores))):
+    return
+  if isinstance(scores, jax.Array) and not scores.is_fully_addressable:
+    from jax.experimental import multihost_utils
+
+    scores = multihost_utils.process_allgather(scores, tiled=True)
+  host = np.asarray(scores)
+  check_scores(host, host.shape[0], source=source, prompts=prompts() if prompts else None)
+
+
 def _function_name(fn: Callable) -> str:
   module = getattr(fn, "__module__", None) or type(fn).__module__
   name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
@@ -206,8 +224,7 @@ class TokenScorer:
           f"{rollout.response_ids.shape[:1]} (one score per response)."
       )
     scores = scores.astype(jnp.float32)
-    check_scores(np.asarray(scores), scores.shape[0],
-                 source=f"The token reward function {self.name!r}")
+    check_device_scores(scores, source=f"The token reward function {self.name!r}")
     return scores
 
 
@@ -291,10 +308,8 @@ class RewardModelScorer:
     else:
       scores = self._score(state, rollout.sequence_ids, rollout.attention_mask)
     # B floats to the host: a NaN score would otherwise reach the advantages silently.
-    host = np.asarray(scores)
-    if not np.all(np.isfinite(host)):
-      prompts = (decode_rollout(self.policy_tokenizer, rollout)[0]
-                 if self.policy_tokenizer is not None else None)
-      check_scores(host, host.shape[0], prompts=prompts, source=(
-          "The reward model (check its weights, and dtype='float32' if it overflows)"))
+    check_device_scores(
+        scores, source="The reward model (check its weights, and dtype='float32' if it overflows)",
+        prompts=lambda: (decode_rollout(self.policy_tokenizer, rollout)[0]
+                         if self.policy_tokenizer is not None else None))
     return scores

@@ -513,6 +513,12 @@ def build_trainer(
       i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
       if i is not None and i != tokenizer.pad_token_id
   ))
+  outside = [i for i in stop_ids if not 0 <= i < policy.config.vocab_size]
+  if outside:
+    raise ValueError(
+        f"RunConfig.ppo.stop_token_ids={tuple(stop_ids)}: id(s) {outside} are outside the "
+        f"policy's vocabulary of {policy.config.vocab_size} tokens; give ids of its tokenizer."
+    )
   ppo = dataclasses.replace(config.ppo, pad_token_id=tokenizer.pad_token_id,
                             stop_token_ids=tuple(stop_ids))
 
