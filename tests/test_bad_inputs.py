@@ -343,7 +343,7 @@ def test_a_nan_reward_stops_the_run_naming_the_row_and_prompt(files, tmp_path, c
   assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
   # Prompts are shuffled: the actor's prompt is at some rows; every one of them is named.
   assert f"The reward function '{user_rewards}:nan_for_the_actor' returned non-finite scores " \
-         "at 2 of 8 rows (row " in err
+         "at rows [" in err and "(values nan, nan; 2 of 8 rows)" in err
   assert "(prompt 'the actor is')" in err and "nothing is replaced by zero" in err
   assert not list((tmp_path / "run").glob("checkpoints/*"))  # no update was applied
 

@@ -86,8 +86,8 @@ def check_scores(scores: Any, batch: int, *, source: str,
   if items is not None:
     if len(items) != batch:
       raise ValueError(
-          f"{source} returned {len(items)} scores for {batch} responses; return one float per "
-          "response, in the order of the prompts it was given."
+          f"{source} returned scores of shape ({len(items)},) for {batch} responses; return one "
+          "float per response, in the order of the prompts it was given."
       )
     for row, value in enumerate(items):
       ok = (isinstance(value, (int, float, np.bool_)) or (
@@ -111,11 +111,13 @@ def check_scores(scores: Any, batch: int, *, source: str,
     arr = arr.astype(np.float32)
   bad = np.flatnonzero(~np.isfinite(arr))
   if bad.size:
-    values = ", ".join(f"row {r}: {arr[r]}" for r in bad[:10].tolist())
+    more = ", ..." if bad.size > 10 else ""
+    rows = ", ".join(map(str, bad[:10].tolist()))
+    values = ", ".join(str(v) for v in arr[bad[:10]].tolist())
     raise ValueError(
-        f"{source} returned non-finite scores at {bad.size} of {batch} rows ({values}); the "
-        f"first is {_row_context(int(bad[0]), prompts)}. Return finite floats (clip the score "
-        "or replace NaN/inf); nothing is replaced by zero."
+        f"{source} returned non-finite scores at rows [{rows}{more}] (values {values}{more}; "
+        f"{bad.size} of {batch} rows); the first is {_row_context(int(bad[0]), prompts)}. Return "
+        "finite floats (clip the score or replace NaN/inf); nothing is replaced by zero."
     )
   return arr
 

@@ -46,7 +46,7 @@ def _rollout(prompts=PROMPTS, responses=RESPONSES) -> Rollout:
 @pytest.mark.parametrize(
     "scores, message",
     [
-        ([1.0, 2.0, 3.0], r"returned 3 scores for 4 responses"),
+        ([1.0, 2.0, 3.0], r"returned scores of shape \(3,\) for 4 responses"),
         ([1.0, "good", 2.0, 0.0], r"'good' \(str\) at row 1 \(prompt 'p1'\); every score must"),
         ([1.0, 2.0, None, 0.0], r"None \(NoneType\) at row 2 \(prompt 'p2'\)"),
         ([1.0, 2.0, 3.0, [4.0]], r"\[4.0\] \(list\) at row 3"),
@@ -61,9 +61,10 @@ def _rollout(prompts=PROMPTS, responses=RESPONSES) -> Rollout:
         (np.ones((4, 1)), r"shape \(4, 1\) for 4 responses"),
         (np.array(["a", "b", "c", "d"]), r"array of dtype <U1; return real numbers"),
         ([0.0, float("nan"), 1.0, float("-inf")],
-         r"non-finite scores at 2 of 4 rows \(row 1: nan, row 3: -inf\); the first is row 1 "
-         r"\(prompt 'p1'\)"),
-        (np.array([np.inf, 0, 0, 0]), r"non-finite scores at 1 of 4 rows \(row 0: inf\)"),
+         r"non-finite scores at rows \[1, 3\] \(values nan, -inf; 2 of 4 rows\); the first is "
+         r"row 1 \(prompt 'p1'\)"),
+        (np.array([np.inf, 0, 0, 0]),
+         r"non-finite scores at rows \[0\] \(values inf; 1 of 4 rows\)"),
     ],
 )
 def test_check_scores_names_the_row_and_the_value(scores, message):
@@ -111,10 +112,11 @@ def test_an_exception_only_on_the_whole_batch_says_so():
 def test_function_nan_wrong_length_and_wrong_type_are_errors_not_zeros():
   rollout = _rollout()
   nan_at_2 = FunctionScorer(lambda p, r: [0.0, 1.0, float("nan"), 2.0], name="f")
-  with pytest.raises(ValueError, match=r"'f' returned non-finite scores at 1 of 4 rows "
-                                       r"\(row 2: nan\); the first is row 2 \(prompt \[10\]\)"):
+  with pytest.raises(ValueError, match=r"'f' returned non-finite scores at rows \[2\] "
+                                       r"\(values nan; 1 of 4 rows\); the first is row 2 "
+                                       r"\(prompt \[10\]\)"):
     nan_at_2(rollout)
-  with pytest.raises(ValueError, match="returned 3 scores for 4 responses"):
+  with pytest.raises(ValueError, match=r"returned scores of shape \(3,\) for 4 responses"):
     FunctionScorer(lambda p, r: [0.0] * 3)(rollout)
   with pytest.raises(ValueError, match=r"returned 'x' \(str\) at row 0"):
     FunctionScorer(lambda p, r: ["x", 1, 2, 3])(rollout)
@@ -142,7 +144,7 @@ def test_token_scorer_checks_finiteness():
     return jnp.where(n > 2, jnp.nan, n)  # row 2 has 3 response tokens
 
   with pytest.raises(ValueError, match=r"token reward function .*half_nan.* non-finite scores "
-                                       r"at 1 of 4 rows \(row 2: nan\)"):
+                                       r"at rows \[2\] \(values nan; 1 of 4 rows\)"):
     TokenScorer(half_nan)(_rollout())
   ok = TokenScorer(lambda pi, pm, ri, rm: jnp.sum(rm, axis=1))(_rollout())
   assert ok.dtype == jnp.float32 and ok.tolist() == [2.0, 2.0, 3.0, 1.0]
@@ -158,5 +160,6 @@ def test_reward_model_scores_are_checked():
   broken = jax.tree.map(lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
                         scorer.state)
   with pytest.raises(ValueError, match=r"The reward model \(check its weights.*\) returned "
-                                       r"non-finite scores at 4 of 4 rows \(row 0: nan"):
+                                       r"non-finite scores at rows \[0, 1, 2, 3\] \(values "
+                                       r"nan, nan, nan, nan; 4 of 4 rows\)"):
     scorer(rollout, broken)
