@@ -173,6 +173,25 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
   return data
 
 
+def check_keys(cls: type, data: Any, *, source: str) -> None:
+  """Raises a ValueError for the first key of `data` that is no field of `cls` (nested mappings
+  are checked against nested dataclass fields), naming `source` (e.g. the config file), the
+  dotted key and the closest valid one. Values are not checked (`config_from_dict` does)."""
+  def walk(owner: type, node: Any, prefix: str) -> None:
+    if not isinstance(node, Mapping):
+      return
+    hints = _init_hints(owner)
+    for key, value in node.items():
+      if key not in hints:
+        raise ValueError(f"{source}: " + _unknown_key_message(owner, f"{prefix}{key}", str(key),
+                                                             hints))
+      nested = _dataclass_of(hints[key])
+      if nested is not None:
+        walk(nested, value, f"{prefix}{key}.")
+
+  walk(cls, data, "")
+
+
 def load_config(
     cls: type[T],
     path: str | os.PathLike | None = None,
@@ -187,6 +206,8 @@ def load_config(
     overrides: `dotted.key=value` strings applied after the file.
   """
   data = read_config_file(path) if path is not None else {}
+  if path is not None:
+    check_keys(cls, data, source=f"Config file {str(_resolve_path(path))!r}")
   return config_from_dict(cls, apply_overrides(cls, data, overrides))
 
 

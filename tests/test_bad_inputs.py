@@ -163,12 +163,16 @@ def test_unknown_config_key_in_a_file_suggests_the_nearest(files, tmp_path, caps
   (tmp_path / "typo.yaml").write_text(yaml.safe_dump(data))
   assert main(["train", str(tmp_path / "typo.yaml")]) == 2
   err = capsys.readouterr().err
-  assert "Unknown config key 'reward_modle_path' for RunConfig. Did you mean " \
-         "'reward_model_path'?" in err
+  assert f"error: Config file '{tmp_path / 'typo.yaml'}': Unknown config key " \
+         "'reward_modle_path' for RunConfig. Did you mean 'reward_model_path'?" in err
   data["ppo"]["clip_epsilon"] = 0.1
   del data["reward_modle_path"]
   (tmp_path / "typo.yaml").write_text(yaml.safe_dump(data))
   assert main(["train", str(tmp_path / "typo.yaml")]) == 2
+  assert f"Config file '{tmp_path / 'typo.yaml'}': Unknown config key 'ppo.clip_epsilon' for " \
+         "PPOConfig. Did you mean 'clip_eps'?" in capsys.readouterr().err
+  # On the command line the override is named instead.
+  assert main(["train", str(files / "run.yaml"), "ppo.clip_epsilon=0.1"]) == 2
   assert "Unknown config key 'ppo.clip_epsilon' for PPOConfig. Did you mean 'clip_eps'?" in (
       capsys.readouterr().err)
 
@@ -223,6 +227,12 @@ def test_invalid_values(files, tmp_path, capsys, override, message):
         (dict(stop_token_ids=(2, None)), r"PPOConfig.stop_token_ids=\(2, None\) is invalid: use "
                                          r"a tuple of token ids, ints >= 0"),
         (dict(learning_rate=-1e-5), r"PPOConfig.learning_rate=-1e-05 is invalid"),
+        (dict(learning_rate=float("nan")), r"PPOConfig.learning_rate=nan is invalid"),
+        (dict(learning_rate="3e-6"), r"PPOConfig.learning_rate='3e-6' is invalid: use a number"),
+        (dict(target_kl="x"), r"PPOConfig.target_kl='x' is invalid: use a number or None"),
+        (dict(clip_eps=True), r"PPOConfig.clip_eps=True is invalid: use a number"),
+        (dict(adam_b2=1.0), r"PPOConfig.adam_b2=1.0 is invalid: use a value in \[0, 1\)"),
+        (dict(reward_shift=float("inf")), r"PPOConfig.reward_shift=inf is invalid: use a finite"),
         (dict(clip_eps=0.0), r"PPOConfig.clip_eps=0.0 is invalid"),
         (dict(batch_size=8, num_minibatches=3), r"PPOConfig.batch_size=8 is invalid: it must be "
                                                 r"divisible by num_minibatches \(3\)"),

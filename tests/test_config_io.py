@@ -317,6 +317,17 @@ def test_file_errors_name_the_key(tmp_path, text, pattern):
     load_config(Outer, path)
 
 
+def test_unknown_keys_in_a_file_name_the_file(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("inner:\n  dimm: 2\n")
+  with pytest.raises(ValueError, match=rf"^Config file '{path}': Unknown config key 'inner\.dimm' "
+                                       r"for Inner\. Did you mean 'dim'\?"):
+    load_config(Outer, path)
+  # An override that fixes nothing does not hide the file's mistake.
+  with pytest.raises(ValueError, match="Config file .*'inner.dimm'"):
+    load_config(Outer, path, ["inner.dim=3"])
+
+
 def test_missing_required_key():
   with pytest.raises(ValueError, match=r"Required: missing required key\(s\) 'seed'"):
     load_config(Required)

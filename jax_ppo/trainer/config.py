@@ -8,6 +8,7 @@ the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 
 from jax_ppo.core import KL_ESTIMATORS
@@ -160,6 +161,12 @@ class PPOConfig:
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         bad(field, "use an int >= 1")
 
+    for f in dataclasses.fields(self):  # numbers before any comparison (no TypeError below)
+      value = getattr(self, f.name)
+      if f.type in ("float", "float | None") and not (
+          (value is None and f.type != "float")
+          or (isinstance(value, numbers.Real) and not isinstance(value, bool))):
+        bad(f.name, "use a number" + (" or None" if f.type != "float" else ""))
     for field in ("batch_size", "n_samples", "num_minibatches", "gradient_accumulation_steps",
                   "ppo_epochs", "max_new_tokens", "total_updates", "kl_horizon"):
       positive_int(field)
@@ -229,6 +236,13 @@ class PPOConfig:
       bad("learning_rate", "use a value > 0 (1e-6 to 3e-6 for full PPO fine-tuning)")
     if not self.adam_eps > 0:
       bad("adam_eps", "use a value > 0 (1e-5)")
+    for field in ("adam_b1", "adam_b2"):
+      if not 0 <= getattr(self, field) < 1:
+        bad(field, "use a value in [0, 1) (0.9 and 0.999 are the usual ones)")
+    for field in ("reward_shift", "missing_eos_penalty"):
+      value = getattr(self, field)
+      if value is not None and not math.isfinite(value):
+        bad(field, "use a finite number")
     if self.max_grad_norm is not None and not self.max_grad_norm > 0:
       bad("max_grad_norm", "use a value > 0 or None")
     if self.reward_clip is not None and not self.reward_clip > 0:

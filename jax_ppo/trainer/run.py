@@ -33,6 +33,7 @@ from flax import nnx
 from jax_ppo.config_io import (
     CONFIG_FILENAME,
     apply_overrides,
+    check_keys,
     config_from_dict,
     read_config_file,
 )
@@ -189,6 +190,8 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
   if len(files) > 1:
     raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
   data = read_config_file(files[0]) if files else {}
+  if files:
+    check_keys(RunConfig, data, source=f"Config file {files[0]!r}")
   data = apply_overrides(RunConfig, data, overrides)
   preset = data.get("preset")
   if preset is not None:
