@@ -114,6 +114,10 @@ def _train_fails(files, tmp_path, capsys, *args) -> str:
          r"\['promt'\]; rename 'promt' to \"prompt\""),
         ("text.jsonl", b'{"text": "b"}\n', r"line 1: .* got keys \['text'\] \("),
         ("list.jsonl", b'["the movie"]\n', r"line 1: expected an object with a \"prompt\""),
+        ("num.jsonl", b'{"prompt": 123}\n', r"line 1: \"prompt\" must be a string, got 123 "
+                                            r"\(int\)"),
+        ("chat.jsonl", b'{"messages": "hi"}\n', r"line 1: \"messages\" must be a list of "
+                                                r"\{\"role\", \"content\"\} objects, got 'hi'"),
         ("long.txt", b"the movie\nthe movie was very very very long\n",
          r"long.txt', line 2: the prompt has 7 tokens, more than the 6 that fit \(the policy's "
          r"context minus ppo.max_new_tokens\); shorten it or lower ppo.max_new_tokens"),

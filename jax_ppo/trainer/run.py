@@ -427,6 +427,11 @@ def load_prompts(
         text = tokenizer.decode(row)
       elif isinstance(record.get("prompt"), str):
         text, row = record["prompt"], None
+      elif "prompt" in record or "messages" in record:
+        key = "prompt" if "prompt" in record else "messages"
+        want = "a string" if key == "prompt" else "a list of {\"role\", \"content\"} objects"
+        raise ValueError(f"{where}, line {number}: \"{key}\" must be {want}, got "
+                         f"{record[key]!r:.60} ({type(record[key]).__name__}).")
       else:
         keys = [str(k) for k in record]
         close = difflib.get_close_matches("prompt", keys, n=1, cutoff=0.5)
