@@ -159,8 +159,8 @@ def test_the_reward_loader_is_the_only_import_module_and_auto_loaders_refuse_rem
           calls.setdefault(name, set()).add(rel)
   assert calls["importlib.import_module"] == {"trainer/run.py"}
   # The scan above saw the Hugging Face loaders (and passed them: trust_remote_code=False).
-  assert "transformers.AutoTokenizer.from_pretrained" in calls
-  assert "transformers.AutoConfig.from_pretrained" in calls
+  assert any(name.endswith("AutoTokenizer.from_pretrained") for name in calls)
+  assert any(name.endswith("AutoConfig.from_pretrained") for name in calls)
 
 
 @pytest.mark.parametrize(
