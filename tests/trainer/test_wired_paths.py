@@ -4,8 +4,8 @@
 without a stop token, and their lengths, are known) and their batch and metrics are compared
 with NumPy references written from the definitions in docs/rlhf_details.md (items 7, 8 and 11)
 and `PPOConfig`'s docstrings: the missing-EOS and length penalties, KL as a loss term with GAE,
-reward whitening, and the entropy bonus and its schedule. The trainer's own progress bar and its `mfu`
-metric (against a hand count of the model FLOPs) go through `PPOTrainer`.
+reward whitening, and the entropy bonus and its schedule. The trainer's own progress bar and its
+`mfu` metric (against a hand count of the model FLOPs) go through `PPOTrainer`.
 """
 
 import dataclasses
