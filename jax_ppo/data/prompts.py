@@ -1,7 +1,7 @@
 """Prompt datasets with a deterministic, resumable order.
 
 The order of prompts depends only on the seed and the position (batches consumed so far), so
-every host of a multi-host run draws the same prompts (RLHF_DETAILS.md item 19) and a resumed
+every host of a multi-host run draws the same prompts (docs/rlhf_details.md item 19) and a resumed
 run continues exactly where the checkpoint left off.
 """
 

@@ -1,9 +1,9 @@
 """Scalar heads on the decoder trunk: reward models, value models, and a policy's value head.
 
 A scalar head maps every final hidden state to one number, :math:`r_t = w^\\top h_t + b`. A
-reward model reads it at the last valid token of each row (the EOS position, RLHF_DETAILS.md
+reward model reads it at the last valid token of each row (the EOS position, docs/rlhf_details.md
 item 6); a value model reads it at every token. Initialisation follows "The N+ Implementation
-Details of RLHF with PPO" (Huang et al. 2024; RLHF_DETAILS.md item 15): a reward head is
+Details of RLHF with PPO" (Huang et al. 2024; docs/rlhf_details.md item 15): a reward head is
 `N(0, 1/sqrt(D + 1))` with a zero bias, a value model starts as a copy of the reward model, and a
 value head sharing the policy's trunk starts at zero.
 """

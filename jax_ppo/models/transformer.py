@@ -293,7 +293,7 @@ class Decoder(nnx.Module):
         all ones. Query `s` attends to key `t` iff `t <= s` and `attention_mask[b, t]` (and, with a
         sliding window, `pos_s - pos_t < window`).
       positions: `[B, S]` int position ids; default `position_ids_from_mask(attention_mask)`
-        (`cumsum(mask) - 1`, RLHF_DETAILS.md item 2).
+        (`cumsum(mask) - 1`, docs/rlhf_details.md item 2).
       use_lora: apply the LoRA adapters (False gives the frozen base / reference model).
       return_kv: also return the per-layer keys and values `[L, B, S, K, Dh]` (for `prefill`).
 
@@ -508,7 +508,7 @@ class CausalLM(nnx.Module):
   # -- value head on the policy trunk -------------------------------------------------------------
 
   def add_value_head(self) -> None:
-    """Adds a zero-initialised scalar value head on this trunk (RLHF_DETAILS.md item 15)."""
+    """Adds a zero-initialised scalar value head on this trunk (docs/rlhf_details.md item 15)."""
     from jax_ppo.models.heads import ScalarHead
 
     self.value_head = ScalarHead(

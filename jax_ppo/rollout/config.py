@@ -20,7 +20,7 @@ def _is_token_id(x) -> bool:
 class SamplingConfig:
   """How responses are sampled during a rollout.
 
-  Training defaults follow RLHF_DETAILS.md item 3: one temperature everywhere, `top_k=0`,
+  Training defaults follow docs/rlhf_details.md item 3: one temperature everywhere, `top_k=0`,
   `top_p=1.0`. Evaluation usually sets `greedy=True` or a low temperature (item 20).
   """
 

@@ -105,7 +105,7 @@ def teacher_forced_logprobs(
   """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
 
   The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
-  new log-probs (RLHF_DETAILS.md item 4); 0 on padding, like `Rollout.logprobs`.
+  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`.
   """
   logits = response_logits(model, rollout, use_lora=use_lora)
   logprobs = gather_logprobs(logits, rollout.response_ids, temperature)

@@ -2,7 +2,7 @@
 
 One frozen, keyword-only dataclass, validated at construction: every error names the field and
 the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and
-`shared/RLHF_DETAILS.md`; the item numbers below refer to that list.
+`docs/rlhf_details.md`; the item numbers below refer to that list.
 """
 
 from __future__ import annotations

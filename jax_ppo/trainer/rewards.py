@@ -1,7 +1,7 @@
 """Reward sources: a reward model, a Python function of text, or a jittable function of ids.
 
 Every scorer is called as `scorer(rollout, reward_state) -> scores [B]` (float32) on the rollout's
-truncated responses (PAD after the stop token, RLHF_DETAILS.md item 5); `reward_state` is the
+truncated responses (PAD after the stop token, docs/rlhf_details.md item 5); `reward_state` is the
 reward model's frozen parameters (`FrozenParams.reward`) or None.
 """
 
@@ -233,7 +233,7 @@ class TokenScorer:
 class RewardModelScorer:
   """Scores from a reward model (`jax_ppo.models.ScalarModel`) read at the last valid token.
 
-  When the reward model has its own tokenizer that differs from the policy's (RLHF_DETAILS.md
+  When the reward model has its own tokenizer that differs from the policy's (docs/rlhf_details.md
   item 21), responses are decoded with the policy tokenizer and re-tokenized with the reward
   tokenizer (right-aligned to `max_length`); otherwise the policy's ids are scored directly.
   Non-finite scores (broken weights, float16 overflow) are an error naming the rows and values

@@ -8,7 +8,7 @@ the same run folder resumes from the latest checkpoint. `evaluate_run` and `expo
 run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin layer
 over these functions.
 
-Defaults follow RLHF_DETAILS.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
+Defaults follow docs/rlhf_details.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
 stop tokens default to the tokenizer's and the model's EOS ids, the critic is initialised from the
 reward model when there is one (item 15), else it is a zero-initialised value head on the policy.
 """
