@@ -12,6 +12,7 @@ evaluation and export of run folders, used by the `jax-ppo` command line), `perf
 """
 
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
+from jax_ppo.trainer.loop import NonFiniteUpdates
 from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
 from jax_ppo.trainer.run import (
     REWARD_FUNCTIONS,
@@ -32,6 +33,7 @@ __all__ = [
     "Batch",
     "FrozenParams",
     "FunctionScorer",
+    "NonFiniteUpdates",
     "PPOConfig",
     "PPOSteps",
     "PPOTrainer",
