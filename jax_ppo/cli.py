@@ -6,7 +6,8 @@
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.trainer.run`); `key=value` arguments override its
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
-command again continues the run from its latest checkpoint. Errors in the inputs are reported in
+command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a preemption)
+saves a checkpoint and exits 0 with a message saying so. Errors in the inputs are reported in
 one line naming the field and the fix (exit status 2).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 
@@ -91,6 +93,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         last = history[-1]
         summary["step"] = int(last["step"])
         summary.update({k: last[k] for k in ("objective/scores", "objective/kl") if k in last})
+      preempted = getattr(history, "preempted", None)
+      if preempted:
+        summary["preempted"] = preempted
+        command = " ".join(["jax-ppo", "train", *map(shlex.quote, args.args)])
+        print(f"jax-ppo train: stopped by {preempted}; the latest state is checkpointed in "
+              f"{config.run_dir!r}. To resume, run the same command again: {command}",
+              file=sys.stderr)
       print(json.dumps(summary))
     elif args.command == "eval":
       result = run.evaluate_run(args.run_dir, args.prompts, temperature=args.temperature,

@@ -1,13 +1,15 @@
 """`RunCheckpointer`: periodic, asynchronous, resumable checkpoints of a training run (Orbax).
 
-One checkpoint per saved step, under `directory/<step>/`, with two Orbax items:
+One checkpoint per saved step, under `directory/<step>/`, with two or three Orbax items:
 
 * `state`: the `TrainState` pytree (any pytree of arrays), written by Orbax's
   `StandardCheckpointHandler` and restored against the abstract shape of a live state, so dtypes
   and shardings come back as they are in the running program;
 * `meta`: a JSON object `{"format", "step", "config", "extra"}`: the run's configuration as a
   plain dict (`jax_ppo.config_io.config_to_dict`), and whatever the trainer needs besides the
-  arrays (data position, monitor state, host step...).
+  arrays (data position, monitor state, host step...);
+* `arrays` (only when `save(..., arrays=...)` gives some): further pytrees of arrays stored
+  beside the state (e.g. a replay buffer whose shapes vary), read back with `restore_arrays`.
 
 Saving, retention and asynchrony are Orbax's (`CheckpointManager`): a `FixedIntervalPolicy`
 decides which steps are saved, `LatestN` + `BestN` which are kept (the last `keep_last` and the
@@ -56,6 +58,7 @@ STATE_ITEM = "state"
 META_ITEM = "meta"
 CORRUPT_DIR = "corrupt"
 """Sub-folder of the checkpoint directory that damaged step folders are moved into."""
+ARRAYS_ITEM = "arrays"
 
 
 class CheckpointError(RuntimeError):
@@ -514,6 +517,7 @@ class RunCheckpointer:
         item_handlers={
             STATE_ITEM: ocp.StandardCheckpointHandler(),
             META_ITEM: ocp.JsonCheckpointHandler(),
+            ARRAYS_ITEM: ocp.StandardCheckpointHandler(),
         },
     )
     if self.config is not None:
@@ -566,6 +570,8 @@ class RunCheckpointer:
       state: Any,
       metrics: Mapping[str, Any] | None = None,
       extra: Mapping[str, Any] | None = None,
+      *,
+      arrays: Mapping[str, Any] | None = None,
   ) -> bool:
     """Saves when `step` is a multiple of `save_every` (and newer than the latest checkpoint).
 
@@ -576,11 +582,13 @@ class RunCheckpointer:
       metrics: this step's metrics; finite scalars are stored with the checkpoint and rank it
         for `best_metric`.
       extra: JSON-serialisable dict restored with the state (data position, monitor...).
+      arrays: further pytrees of arrays stored beside the state (e.g. a replay buffer), read
+        back with `restore_arrays`; None or {}: none.
 
     Returns:
       True when a checkpoint was started.
     """
-    return self._save(step, state, metrics, extra, force=False)
+    return self._save(step, state, metrics, extra, arrays, force=False)
 
   def save(
       self,
@@ -588,11 +596,13 @@ class RunCheckpointer:
       state: Any,
       metrics: Mapping[str, Any] | None = None,
       extra: Mapping[str, Any] | None = None,
+      *,
+      arrays: Mapping[str, Any] | None = None,
   ) -> bool:
     """Saves `step` regardless of `save_every` (no-op, False, when it is already saved)."""
-    return self._save(step, state, metrics, extra, force=True)
+    return self._save(step, state, metrics, extra, arrays, force=True)
 
-  def _save(self, step, state, metrics, extra, *, force: bool) -> bool:
+  def _save(self, step, state, metrics, extra, arrays, *, force: bool) -> bool:
     if self.read_only:
       raise CheckpointError(f"RunCheckpointer on {str(self.directory)!r} is read-only.")
     step = int(step)
@@ -617,12 +627,12 @@ class RunCheckpointer:
     scalars = _finite_scalars(metrics)
     if self.best_metric is not None:
       scalars.setdefault(self.best_metric, None)
+    items = {STATE_ITEM: ocp.args.StandardSave(state), META_ITEM: ocp.args.JsonSave(meta)}
+    if arrays:
+      items[ARRAYS_ITEM] = ocp.args.StandardSave(dict(arrays))
     saved = self._manager.save(
         step,
-        args=ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
-            META_ITEM: ocp.args.JsonSave(meta),
-        }),
+        args=ocp.args.Composite(**items),
         metrics=scalars if self.best_metric is not None else None,
         force=force,
     )
@@ -684,7 +694,7 @@ class RunCheckpointer:
         damaged.append(e)
         continue
       if damaged:
-        self._set_aside(damaged, candidate)
+        self.set_aside(damaged, candidate)
       return restored
     listed = "; ".join(f"step {e.step}: {e.where}: {e.reason}" for e in damaged)
     raise CheckpointError(
@@ -692,6 +702,34 @@ class RunCheckpointer:
         "restored, moved or deleted; start a new run in another directory, or replace the "
         "damaged step folders with good copies."
     )
+
+  def restore_arrays(self, step: int, *, like: Mapping[str, Any]) -> dict[str, Any]:
+    """Restores the `arrays` saved with `step` into the structure, dtypes and shardings of `like`.
+
+    Args:
+      step: a committed step saved with `arrays`.
+      like: `{name: pytree}` of live arrays or `jax.ShapeDtypeStruct`s, as saved.
+
+    Raises:
+      CheckpointError: the step does not exist.
+      CheckpointCorrupt: the step holds no arrays, or they cannot be read into `like`.
+    """
+    self.wait()
+    self._check_step(step)
+    target = abstract_like(dict(like))
+    folder = self._step_dir(step) / ARRAYS_ITEM
+    if not folder.is_dir():
+      raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
+    try:
+      with _orbax_reads_drained():
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            ARRAYS_ITEM: ocp.args.StandardRestore(target)
+        }))[ARRAYS_ITEM]
+    except Exception as e:
+      raise self._damaged(step, folder, e) from e
+    if jax.tree.structure(restored) != jax.tree.structure(target):
+      raise self._damaged(step, folder, "the restored arrays have another structure")
+    return dict(restored)
 
   # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -804,7 +842,7 @@ class RunCheckpointer:
         step=step, where=str(where), reason=reason,
     )
 
-  def _set_aside(self, damaged: Sequence[CheckpointCorrupt], restored: int) -> None:
+  def set_aside(self, damaged: Sequence[CheckpointCorrupt], restored: int) -> None:
     """Warns about damaged steps after `restored` was used instead; moves them into `corrupt/`
     (unless read-only) so that their step numbers can be saved again. Never deletes."""
     for error in damaged:

@@ -606,7 +606,9 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   """Trains (or resumes) the run described by `config`; returns the metrics of each update.
 
   Runs `config.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
-  `config.run_dir`; calling it again with the same configuration continues the run.
+  `config.run_dir`; calling it again with the same configuration continues the run. SIGTERM or
+  SIGINT during training saves a checkpoint and returns early: the returned history's
+  `preempted` then names the signal (see `jax_ppo.trainer.loop`).
   """
   trainer = build_trainer(config)
   try:

@@ -23,8 +23,18 @@ Resuming: constructing a trainer on a `run_dir` that holds checkpoints restores 
 the same program again continues the run. The rollout key of update `n` is
 `fold_in(PRNGKey(seed + 1), n)` and the prompt order depends only on the data position, so a
 resumed run reproduces the uninterrupted one exactly. The replay buffer
-(`PPOConfig.replay_buffer_size`) is not checkpointed: it restarts empty, and runs that replay
-resume close to, not exactly like, the uninterrupted run.
+(`PPOConfig.replay_buffer_size`: its batches, which may have different prompt lengths, through
+`RunCheckpointer`'s `arrays`) and the state of its random generator are saved with every
+checkpoint, so runs that replay resume exactly too.
+
+Preemption: SIGTERM or SIGINT during `train()` (main thread, run folder) lets the update in
+flight finish (or abandons it after the rollout, before it changes anything), saves a
+checkpoint and returns; `preempted` names the signal. See `jax_ppo.trainer.loop`.
+
+Non-finite updates: an optimizer step whose loss or gradient is NaN or infinite is skipped in
+the compiled step (state unchanged) and counted in `skipped_updates` (replayed batches
+included); after `PPOConfig.max_consecutive_skips` consecutive updates with skips, `train()`
+raises `NonFiniteUpdates` naming likely causes and the last checkpoint before the skips.
 
 Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
 checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
@@ -35,9 +45,7 @@ forgets the updates after the restored step, and training continues from there (
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-import math
 import os
 import pathlib
 import time
@@ -49,8 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_ppo.checkpoint import CheckpointError, RunCheckpointer, check_config
-from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
+from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.models.checkpoint import save_pretrained
@@ -61,7 +68,15 @@ from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
 from jax_ppo.trainer import perf
 from jax_ppo.trainer.config import PPOConfig
-from jax_ppo.trainer.monitor import MonitorConfig, StabilityMonitor
+from jax_ppo.trainer.loop import (
+    CHECKPOINT_DIR,
+    RunCollapsed,
+    RunLoop,
+    RunOptions,
+    StepAbandoned,
+    TrainingHistory,
+)
+from jax_ppo.trainer.monitor import StabilityMonitor
 from jax_ppo.trainer.rewards import (
     FunctionScorer,
     RewardModelScorer,
@@ -70,6 +85,8 @@ from jax_ppo.trainer.rewards import (
 )
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
+
+__all__ = ["CHECKPOINT_DIR", "PPOTrainer", "RunCollapsed", "RunOptions"]
 
 
 def _as_scorer(reward, tokenizer):
@@ -87,73 +104,20 @@ def _as_scorer(reward, tokenizer):
   raise ValueError(f"`reward` must be a reward model, a scorer or a function, got {reward!r}.")
 
 
+def _rng_state(state: dict[str, Any], *, encode: bool) -> dict[str, Any]:
+  """A numpy `PCG64` bit-generator state with its 128-bit integers as decimal strings (JSON
+  stores them exactly) (`encode`), or back."""
+  if state.get("bit_generator") != "PCG64":
+    raise ValueError(f"Expected a PCG64 generator state, got {state.get('bit_generator')!r}.")
+  convert = str if encode else int
+  return {**state, "state": {k: convert(v) for k, v in state["state"].items()}}
+
+
 def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
 logger = logging.getLogger("jax_ppo.trainer")
-
-CHECKPOINT_DIR = "checkpoints"
-"""Sub-folder of a run folder that holds the checkpoints."""
-
-
-class RunCollapsed(RuntimeError):
-  """Training collapsed again after `RunOptions.max_rollbacks` rollbacks."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunOptions:
-  """How a trainer with a `run_dir` logs, checkpoints, monitors and rolls back."""
-
-  save_every: int = 10
-  """Save a checkpoint every this many updates (and always at the end of `train()`)."""
-  keep_last: int = 3
-  """Number of most recent checkpoints kept."""
-  best_metric: str | None = None
-  """Also keep the checkpoint with the best value of this metric (e.g. "objective/scores")."""
-  best_mode: str = "max"
-  """"max" or "min": what "best" means for `best_metric`."""
-  log_samples_every: int = 10
-  """Write samples of the rollout to `samples.jsonl` every this many updates (0: never)."""
-  samples_per_log: int = 4
-  """Samples written each time."""
-  tensorboard: bool = True
-  """Write TensorBoard events under `run_dir/tensorboard`."""
-  progress: bool = True
-  """Show a tqdm progress bar with the reward and the KL."""
-  async_checkpointing: bool = True
-  """Write checkpoint files on a background thread (Orbax async)."""
-  monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
-  """Thresholds of the stability monitor."""
-  rollback: bool = False
-  """On a collapse reported by the monitor, restore the last checkpoint before it, scale the
-  learning rate by `rollback_lr_factor` and continue."""
-  rollback_lr_factor: float = 0.5
-  """Multiplier of `TrainState.lr_scale` at each rollback."""
-  max_rollbacks: int = 3
-  """A collapse after this many rollbacks stops training with `RunCollapsed`."""
-  resume_ignore: tuple[str, ...] = ()
-  """Dotted keys of the run configuration that may differ from the checkpoints' when resuming
-  (operational settings such as logging intervals); every other difference is an error."""
-
-  def __post_init__(self):
-    def bad(field: str, fix: str):
-      raise ValueError(f"RunOptions.{field}={getattr(self, field)!r} is invalid: {fix}.")
-
-    for field, low in (("save_every", 1), ("keep_last", 1), ("log_samples_every", 0),
-                       ("samples_per_log", 1), ("max_rollbacks", 0)):
-      value = getattr(self, field)
-      if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        bad(field, f"use an int >= {low}")
-    if self.best_mode not in ("max", "min"):
-      bad("best_mode", "use 'max' or 'min'")
-    if self.best_metric is not None and not (isinstance(self.best_metric, str)
-                                             and self.best_metric):
-      bad("best_metric", "give a metric name (e.g. 'objective/scores') or None")
-    if not 0 < self.rollback_lr_factor <= 1:
-      bad("rollback_lr_factor", "use a factor in (0, 1]")
-    if not isinstance(self.monitor, MonitorConfig):
-      bad("monitor", "pass a jax_ppo.trainer.monitor.MonitorConfig")
 
 
 class PPOTrainer:
@@ -262,90 +226,94 @@ class PPOTrainer:
     self.last_scores: np.ndarray | None = None
     self.last_prompt_texts: list[str] | None = None
 
-    self.run_dir: pathlib.Path | None = None
     self.run_options = run_options if run_options is not None else RunOptions()
     self.run_config = run_config if run_config is not None else config
-    self.monitor: StabilityMonitor | None = None
-    self.checkpointer: RunCheckpointer | None = None
-    self.logger: MetricsLogger | None = None
-    self.rollbacks = 0
-    self._bar = None
-    if run_dir is not None:
-      self._open_run(pathlib.Path(run_dir))
-
-  # -- run folder: resume, logging, checkpoints -----------------------------------------------
-
-  def _open_run(self, run_dir: pathlib.Path) -> None:
-    """Opens (or resumes) the run folder. Raises before writing anything when the folder holds
-    checkpoints of another configuration or its latest checkpoint cannot be read."""
-    opts = self.run_options
-    if not dataclasses.is_dataclass(self.run_config) or isinstance(self.run_config, type):
-      raise ValueError(
-          f"run_config must be a dataclass instance (it is written to config.yaml), got "
-          f"{type(self.run_config).__name__}."
-      )
-    checkpointer = RunCheckpointer(
-        run_dir / CHECKPOINT_DIR, save_every=opts.save_every, keep_last=opts.keep_last,
-        best_metric=opts.best_metric, best_mode=opts.best_mode, config=self.run_config,
-        config_ignore=opts.resume_ignore, async_save=opts.async_checkpointing,
+    self.preempted: str | None = None
+    self.run = RunLoop(
+        self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
+        run_config=self.run_config, total_steps=c.total_updates,
+        max_consecutive_skips=c.max_consecutive_skips,
     )
-    self.monitor = StabilityMonitor(opts.monitor)
-    start = 0
-    try:
-      config_file = run_dir / CONFIG_FILENAME
-      if checkpointer.latest_step() is None and config_file.is_file():
-        # A run that stopped before its first checkpoint: its logs belong to that config.
-        check_config(read_config_file(config_file), config_to_dict(self.run_config),
-                     ignore=opts.resume_ignore, where=f"{str(run_dir)!r} ({CONFIG_FILENAME})")
-      if checkpointer.latest_step() is not None:
-        start = self._restore_from(checkpointer, None)
-        logger.info("Resumed %s from step %d.", run_dir, start)
-        if self.config.replay_buffer_size:
-          logger.warning("The replay buffer is not checkpointed; it restarts empty, so this run "
-                         "resumes close to, not exactly like, an uninterrupted one.")
-    except BaseException:
-      checkpointer.close()
-      raise
-    self.checkpointer = checkpointer
-    self.run_dir = run_dir
-    save_config(self.run_config, run_dir)
-    self.logger = MetricsLogger(
-        run_dir, tensorboard=opts.tensorboard, progress=False, truncate_after_step=start
-    )
-    if opts.progress:
-      import tqdm
 
-      self._bar = tqdm.tqdm(total=self.config.total_updates, initial=start, desc="train",
-                            unit="update")
+  # -- run folder: resume, logging, checkpoints (`RunLoop`) -----------------------------------
 
-  def _restore_from(
-      self, checkpointer: RunCheckpointer, step: int | None, *, monitor: bool = True
-  ) -> int:
-    """Restores state and data position (and the monitor) from a checkpoint; returns its step."""
+  @property
+  def run_dir(self) -> pathlib.Path | None:
+    return self.run.run_dir
+
+  @property
+  def checkpointer(self) -> RunCheckpointer | None:
+    return self.run.checkpointer
+
+  @property
+  def logger(self) -> MetricsLogger | None:
+    return self.run.logger
+
+  @property
+  def monitor(self) -> StabilityMonitor | None:
+    return self.run.monitor
+
+  @property
+  def rollbacks(self) -> int:
+    return self.run.rollbacks
+
+  @property
+  def _bar(self):
+    return self.run.bar
+
+  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
+    """Restores state and data position from a checkpoint (None: the latest); returns its
+    extra (`Stage` of `RunLoop`)."""
     state, extra = checkpointer.restore(step, like=self.state)
     if "data_position" not in extra:
       raise CheckpointError(
           f"The checkpoint in {str(checkpointer.directory)!r} has no data position: it was not "
           "written by a PPOTrainer; restore it with RunCheckpointer.restore instead."
       )
+    replay = []
+    if extra.get("replay"):  # [{field: [shape, dtype]}] per buffered batch, oldest first
+      sharding = state.step.sharding
+      like = [
+          Batch(**{k: jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+                   for k, (shape, dtype) in layout.items()})
+          for layout in extra["replay"]
+      ]
+      replay = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})["replay"]
+    elif self.config.replay_buffer_size and "replay" not in extra:
+      logger.warning("The checkpoint of step %s predates replay-buffer checkpoints: the buffer "
+                     "restarts empty, so this run resumes close to, not exactly like, an "
+                     "uninterrupted one.", extra.get("step"))
     self.state = state
     self.data_position = int(extra["data_position"])
-    if monitor:
-      if self.monitor is not None and extra.get("monitor") is not None:
-        self.monitor.load_state_dict(extra["monitor"])
-      self.rollbacks = int(extra.get("rollbacks", 0))
     self.replay.clear()
+    self.replay.extend(replay)
+    if extra.get("replay_rng") is not None:
+      self._replay_rng.bit_generator.state = _rng_state(extra["replay_rng"], encode=False)
     self.last_rollout = self.last_scores = self.last_prompt_texts = None
-    return self.step_count
+    return extra
 
-  def _checkpoint_extra(self) -> dict[str, Any]:
-    """What a checkpoint stores besides the `TrainState` (JSON)."""
+  def checkpoint_extra(self) -> dict[str, Any]:
+    """What a checkpoint stores besides the `TrainState` (JSON), before `RunLoop`'s own."""
     return {
         "step": self.step_count,
         "data_position": self.data_position,
-        "monitor": self.monitor.state_dict() if self.monitor is not None else None,
-        "rollbacks": self.rollbacks,
+        "replay": [{k: [list(x.shape), str(x.dtype)] for k, x in vars(b).items()}
+                   for b in self.replay],
+        "replay_rng": _rng_state(self._replay_rng.bit_generator.state, encode=True),
     }
+
+  def checkpoint_arrays(self) -> dict[str, Any]:
+    """Pytrees of arrays saved beside the `TrainState`: the replay buffer's batches."""
+    return {"replay": list(self.replay)} if self.replay else {}
+
+  def scale_learning_rate(self, factor: float) -> float:
+    """Multiplies `state.lr_scale` by `factor` (a rollback); returns the new scale."""
+    scale = float(self.state.lr_scale) * factor
+    lr_scale = self.state.lr_scale
+    self.state = self.state.replace(
+        lr_scale=jax.device_put(jnp.asarray(scale, lr_scale.dtype), lr_scale.sharding)
+    )
+    return scale
 
   def load_checkpoint(self, path: str | os.PathLike, *, step: int | None = None) -> int:
     """Restores a saved `TrainState` and data position (read-only; e.g. to evaluate or export).
@@ -367,89 +335,16 @@ class PPOTrainer:
     try:
       if checkpointer.latest_step() is None:
         raise CheckpointError(f"No checkpoint in {str(path)!r}; train first.")
-      return self._restore_from(checkpointer, step)
+      return self.run.restore(checkpointer, step)
     finally:
       checkpointer.close()
-
-  def _record(self, metrics: dict[str, float]) -> dict[str, float]:
-    """Monitor, rollback, logs and checkpoint after one update (run folder only)."""
-    opts = self.run_options
-    step = self.step_count
-    warnings = self.monitor.update(step, metrics)
-    metrics["monitor/warnings"] = float(len(warnings))
-    samples = []
-    if opts.log_samples_every and step % opts.log_samples_every == 0:
-      samples = self.samples(limit=opts.samples_per_log)  # before a rollback forgets them
-    collapsed = opts.rollback and self.monitor.collapsed
-    if collapsed:
-      metrics.update(self._rollback(step))
-    self.logger.log(step, metrics)
-    if samples:
-      self.logger.log_samples(
-          step, [r["prompt"] for r in samples], [r["response"] for r in samples],
-          [r["reward"] for r in samples],
-      )
-    if not collapsed:
-      self.checkpointer.maybe_save(step, self.state, metrics, self._checkpoint_extra())
-    if self._bar is not None:
-      self._bar.n = self.step_count
-      shown = {k: metrics[v] for k, v in (("reward", "objective/scores"), ("kl", "objective/kl"))
-               if v in metrics and math.isfinite(metrics[v])}
-      self._bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
-      self._bar.refresh()
-    return metrics
-
-  def _rollback(self, step: int) -> dict[str, float]:
-    """Restores the latest checkpoint before the collapse and lowers the learning rate."""
-    opts = self.run_options
-    reason = self.monitor.collapse_reason
-    if self.rollbacks >= opts.max_rollbacks:
-      self.logger.log(step, {"rollback/count": float(self.rollbacks)})
-      self.close()
-      raise RunCollapsed(
-          f"The run collapsed at step {step} ({reason.kind}: {reason.message}) after "
-          f"{self.rollbacks} rollbacks (RunOptions.max_rollbacks={opts.max_rollbacks}). Lower "
-          "learning_rate, raise kl_coef or check the reward; the checkpoints in "
-          f"{str(self.run_dir)!r} are kept."
-      )
-    self.checkpointer.wait()
-    good = [s for s in self.checkpointer.steps() if s < reason.step]
-    if not good:
-      logger.error("Step %d: collapse (%s) but no checkpoint before it; continuing without "
-                   "rollback.", step, reason.kind)
-      self.monitor.clear_collapse()
-      return {}
-    target = good[-1]
-    self._restore_from(self.checkpointer, target, monitor=False)
-    scale = float(self.state.lr_scale) * opts.rollback_lr_factor
-    lr_scale = self.state.lr_scale
-    self.state = self.state.replace(
-        lr_scale=jax.device_put(jnp.asarray(scale, lr_scale.dtype), lr_scale.sharding)
-    )
-    self.monitor.rollback(target)
-    self.rollbacks += 1
-    logger.warning(
-        "Step %d: collapse (%s); rolled back to the checkpoint of step %d with lr_scale %.4g "
-        "(rollback %d of at most %d).", step, reason.kind, target, scale, self.rollbacks,
-        opts.max_rollbacks,
-    )
-    return {"rollback/to_step": float(target), "rollback/lr_scale": scale,
-            "rollback/count": float(self.rollbacks)}
 
   def close(self) -> None:
     """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent.
 
     The trainer can still train afterwards, without logging or checkpointing.
     """
-    checkpointer, self.checkpointer = self.checkpointer, None
-    run_logger, self.logger = self.logger, None
-    bar, self._bar = self._bar, None
-    if checkpointer is not None:
-      checkpointer.close()
-    if run_logger is not None:
-      run_logger.close()
-    if bar is not None:
-      bar.close()
+    self.run.close()
 
   def __enter__(self) -> PPOTrainer:
     return self
@@ -481,6 +376,8 @@ class PPOTrainer:
     raw_scores = self.scorer(rollout, self.frozen.reward)
     jax.block_until_ready(raw_scores)
     t_score = time.perf_counter()
+    if self.run.stop_requested:  # preempted: nothing has changed yet, leave the rest undone
+      raise StepAbandoned
 
     if self.steps.fuses_first_epoch:  # the first epoch's forward gives the old log-probs
       self.state, batch, exp_metrics, upd_metrics = self.steps.experience_update(
@@ -495,9 +392,10 @@ class PPOTrainer:
       if c.replay_batches_per_update and len(self.replay) > 0:
         picks = self._replay_rng.integers(0, len(self.replay), c.replay_batches_per_update)
         for j in picks:
-          self.state, _ = self.steps.replay_update(
+          self.state, replay_metrics = self.steps.replay_update(
               self.state, self.frozen, self.replay[int(j)], jnp.zeros((), jnp.float32)
           )
+          upd_metrics["skipped_updates"] += replay_metrics["skipped_updates"]
       self.replay.append(batch)
     metrics = _to_host({**exp_metrics, **upd_metrics})
     t_end = time.perf_counter()
@@ -531,32 +429,22 @@ class PPOTrainer:
 
   def train(
       self, num_updates: int | None = None, *, callback: Callable[[dict], Any] | None = None
-  ) -> list[dict[str, float]]:
+  ) -> TrainingHistory:
     """Trains until `num_updates` more updates are done (default: up to `total_updates`).
 
     With a run folder every update is monitored, logged and checkpointed (see the module
     docstring) and the last step is saved before returning; `callback(metrics)` runs after
-    that bookkeeping. Returns the metrics of every update run (a rollback makes the step count
+    that bookkeeping. SIGTERM or SIGINT (main thread, run folder) finishes the update in flight,
+    saves a checkpoint and returns early; `preempted` (here and on the returned history) then
+    names the signal. Returns the metrics of every update run (a rollback makes the step count
     go back, so the list can be longer than `num_updates`).
     """
     if self.peak_flops is None:
       self.peak_flops = perf.measure_matmul_peak()
     total = self.config.total_updates
     target = total if num_updates is None else min(total, self.step_count + num_updates)
-    history = []
-    metrics: dict[str, float] = {}
-    while self.step_count < target:
-      metrics = self.step()
-      if self.checkpointer is not None:
-        metrics = self._record(metrics)
-      history.append(metrics)
-      if callback is not None:
-        callback(metrics)
-    if self.checkpointer is not None:
-      if history:
-        self.checkpointer.save(self.step_count, self.state, metrics, self._checkpoint_extra())
-      self.checkpointer.wait()
-      self.logger.flush()
+    history = self.run.train(target, callback=callback)
+    self.preempted = history.preempted
     return history
 
   # -- samples and evaluation ----------------------------------------------------------------

@@ -162,3 +162,47 @@ def test_cli_resume_after_the_policy_changed_shape_prints_one_error(tmp_path, ca
   assert "Traceback" not in err and "Event loop is closed" not in err
   assert unraisable == []
   assert _files(tmp_path / "run") == before
+
+
+@pytest.mark.slow
+def test_rollback_skips_a_damaged_checkpoint(tmp_path, caplog):
+  """A collapse at step 6 rolls back to step 4's checkpoint; when that one is damaged, the run
+  rolls back to step 2's instead (with a warning) rather than stopping."""
+  from jax_ppo.trainer.monitor import MonitorConfig
+
+  calls = []
+
+  def reward(prompts, responses):
+    calls.append(len(responses))
+    if len(calls) == 6:
+      return [-20.0] * len(responses)
+    return [1.0 + 0.01 * r.count(7) for r in responses]
+
+  monitor = MonitorConfig(collapse_smoothing=1, collapse_min_history=4, collapse_window=4,
+                          kl_threshold=100.0, reward_volatility_ratio=10.0)
+  opts = dataclasses.replace(OPTS, rollback=True, monitor=monitor)
+  run = tmp_path / "run"
+  trainer = PPOTrainer(CONFIG, CausalLM(MODEL, rngs=nnx.Rngs(0)), reward=reward,
+                       prompts=prompts(), peak_flops=1e11, run_options=opts, run_dir=run)
+  saved = {}
+
+  def callback(metrics):
+    step = int(metrics["step"])
+    saved.setdefault(step, _host(trainer.state.policy))
+    if step == 5 and "damaged" not in saved:
+      trainer.checkpointer.wait()
+      data = [p for p in (run / "checkpoints" / "4" / "state").rglob("*")
+              if p.is_file() and p.parent.name == "d"]
+      biggest = max(data, key=lambda p: p.stat().st_size)
+      biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
+      saved["damaged"] = True
+
+  with caplog.at_level(logging.WARNING):
+    history = trainer.train(7, callback=callback)
+  trainer.close()
+  rolled = [m for m in history if "rollback/to_step" in m]
+  assert len(rolled) == 1 and rolled[0]["step"] == 6 and rolled[0]["rollback/to_step"] == 2
+  assert "rollback skips damaged checkpoint 4" in caplog.text
+  assert [int(m["step"]) for m in history] == [1, 2, 3, 4, 5, 6, 3, 4, 5, 6, 7]
+  assert (run / "checkpoints" / "corrupt" / "4").is_dir()  # set aside, not deleted
+  assert 4 in _steps(run) and 6 in _steps(run)  # saved again after the rollback

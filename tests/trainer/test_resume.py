@@ -16,6 +16,7 @@ from flax import nnx
 
 from jax_ppo.checkpoint import CheckpointConfigMismatch
 from jax_ppo.config_io import load_config, save_config
+from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.trainer import PPOConfig, PPOTrainer, RunOptions, TokenScorer
@@ -207,3 +208,40 @@ def test_export_merges_lora_drops_the_value_head_and_reloads(tmp_path):
         np.asarray(mask)), position_ids=torch.tensor(positions)).logits.numpy()
   valid = np.asarray(mask).astype(bool)
   np.testing.assert_allclose(out[valid], logits(reloaded)[valid], atol=1e-4)
+
+
+def test_resume_with_replay_equals_the_uninterrupted_run(tmp_path):
+  """The replay buffer (batches of different prompt lengths) and its generator are checkpointed:
+  a run resumed from step 3 replays the same batches as the uninterrupted one."""
+  config = dataclasses.replace(CONFIG, replay_buffer_size=3, replay_batches_per_update=2)
+  model = dataclasses.replace(MODEL, max_position_embeddings=80)
+  rng = np.random.default_rng(1)
+  # Unshuffled: odd batches hold prompts longer than the sampler's first bucket (32 tokens), so
+  # the buffered batches have two prompt lengths.
+  data = [[list(rng.integers(3, MODEL.vocab_size, size=3 + 30 * (k % 2))) for _ in range(8)]
+          for k in range(6)]
+  dataset = PromptDataset([p for batch in data for p in batch], shuffle=False)
+
+  def trainer(run_dir):
+    return PPOTrainer(config, CausalLM(model, rngs=nnx.Rngs(0)), reward=TokenScorer(count_target),
+                      prompts=dataset, peak_flops=1e11, run_dir=run_dir,
+                      run_options=RunOptions(save_every=10, progress=False, tensorboard=False,
+                                             log_samples_every=0))
+
+  with trainer(tmp_path / "ref") as ref:
+    ref_history = ref.train(5)
+    ref_state = _host(ref.state)
+  with trainer(tmp_path / "run") as first:
+    first.train(3)  # saved at the end of train(), step 3
+    saved_shapes = [b.input_ids.shape for b in first.replay]
+  assert len({s[1] for s in saved_shapes}) == 2  # two prompt lengths in the buffer
+
+  with trainer(tmp_path / "run") as second:
+    assert second.step_count == 3
+    assert [b.input_ids.shape for b in second.replay] == saved_shapes
+    history = second.train(2)
+    assert second.steps.replay_update._cache_size() == 2  # one program per prompt length
+  jax.tree.map(np.testing.assert_array_equal, ref_state, _host(second.state))
+  for got, want in zip(history, ref_history[3:], strict=True):
+    exact = {k: v for k, v in want.items() if not k.startswith(TIMING)}
+    assert {k: got[k] for k in exact} == exact
