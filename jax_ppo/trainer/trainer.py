@@ -407,6 +407,7 @@ class PPOTrainer:
         policy_params=self._param_counts[0], critic_params=self._param_counts[1],
         reward_params=self._param_counts[2], batch=c.batch_size, prompt_len=prompt_len,
         response_len=c.max_new_tokens, epochs=c.ppo_epochs,
+        fused_first_epoch=self.steps.fuses_first_epoch,
     )
     total = t_end - t_start
     metrics.update({

@@ -27,6 +27,17 @@ def test_update_flops_matches_a_hand_count():
   assert got == hand and isinstance(got, float)
 
 
+def test_update_flops_of_the_fused_first_epoch_skips_the_behaviour_passes():
+  # The first epoch's forward gives the old log-probs and values: of the experience passes only
+  # the reference (policy-sized) and the reward model remain.
+  tokens = 4 * (3 + 5)
+  forward_only = {"rollout (policy)": 1000, "reference": 1000, "reward model": 300}
+  hand = sum(2 * n * tokens for n in forward_only.values()) + 6 * 1500 * tokens * 2
+  got = perf.update_flops(policy_params=1000, critic_params=500, reward_params=300, batch=4,
+                          prompt_len=3, response_len=5, epochs=2, fused_first_epoch=True)
+  assert got == hand == 2 * 2300 * 32 + 6 * 1500 * 32 * 2
+
+
 @pytest.mark.parametrize("epochs", [1, 4])
 def test_update_flops_without_critic_or_reward_model(epochs):
   # GRPO with a Python reward: rollout, old log-probs and reference forward passes only.
