@@ -110,7 +110,9 @@ class PPOConfig:
   entropy_coef: float = 0.0
   """Initial weight of the entropy bonus."""
   entropy_coef_final: float | None = None
-  """Entropy weight at the last step (linear schedule); None keeps it constant."""
+  """Entropy weight reached after `total_updates` updates: update `n` (0-based) uses
+  `entropy_coef + (entropy_coef_final - entropy_coef) * n / total_updates`, so the last update
+  is one step short of it. None keeps the weight constant."""
   loss_reduction: str = "token-mean"
   """"token-mean", "seq-mean-token-mean" or "seq-mean-token-sum"."""
   target_kl: float | None = None
