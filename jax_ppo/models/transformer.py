@@ -16,7 +16,6 @@ pass runs them with `jax.lax.scan` (one compiled block whatever the depth) or, w
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,16 +23,18 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.core import position_ids_from_mask
+from jax_ppo.models.cache import KVCache, init_cache
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.layers import (
-    Embed,
-    Linear,
-    Norm,
-    activation_fn,
-    apply_rope,
-    attention,
-    rope_cos_sin,
+  Embed,
+  Linear,
+  Norm,
+  activation_fn,
+  apply_rope,
+  attention,
+  rope_cos_sin,
 )
+from jax_ppo.models.packing import restrict_to_segments
 from jax_ppo.models.tokenizer import check_token_ids
 
 Array = jax.Array
@@ -57,54 +58,6 @@ def _check_concrete_ids(ids, vocab_size: int) -> None:
   (inside jit, the hot paths) are left alone: the `Sampler` checks prompts before its jit."""
   if not isinstance(ids, jax.core.Tracer):
     check_token_ids(np.asarray(ids), vocab_size, what="input_ids")
-
-
-class KVCache(NamedTuple):
-  """Preallocated key/value cache for batched left-padded generation (a pytree).
-
-  Slots `[0, index)` are written; all rows share the write index, rows differ by their masks and
-  positions. With `T = max_length`:
-
-  Attributes:
-    k: `[L, B, K, T, Dh]` keys after RoPE (and q/k norm); head-major, so that one head's keys
-      are contiguous and decoding attends without transposing the cache.
-    v: `[L, B, K, T, Dh]` values.
-    mask: `[B, T]` bool, True on slots that hold a real (attendable) token.
-    slot_positions: `[B, T]` int32 position id of the token in each slot (sliding windows).
-    positions: `[B]` int32 position id the next valid token of each row gets (its number of
-      valid tokens so far).
-    index: `[]` int32 next slot to write (same for every row).
-  """
-
-  k: Array
-  v: Array
-  mask: Array
-  slot_positions: Array
-  positions: Array
-  index: Array
-
-  @property
-  def max_length(self) -> int:
-    return self.k.shape[3]
-
-
-def init_cache(
-    config: ModelConfig, *, batch_size: int, max_length: int, dtype=jnp.float32
-) -> KVCache:
-  """An empty `KVCache` for `batch_size` rows of at most `max_length` tokens (prompt + new)."""
-  if batch_size <= 0 or max_length <= 0:
-    raise ValueError(
-        f"batch_size and max_length must be positive, got {batch_size} and {max_length}."
-    )
-  shape = (config.num_layers, batch_size, config.num_kv_heads, max_length, config.head_dim)
-  return KVCache(
-      k=jnp.zeros(shape, dtype),
-      v=jnp.zeros(shape, dtype),
-      mask=jnp.zeros((batch_size, max_length), bool),
-      slot_positions=jnp.zeros((batch_size, max_length), jnp.int32),
-      positions=jnp.zeros((batch_size,), jnp.int32),
-      index=jnp.zeros((), jnp.int32),
-  )
 
 
 class Block(nnx.Module):
@@ -282,6 +235,7 @@ class Decoder(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
       return_kv: bool = False,
   ):
@@ -291,9 +245,10 @@ class Decoder(nnx.Module):
       input_ids: `[B, S]` int token ids.
       attention_mask: `[B, S]` bool/int, 1 on real tokens (left or right padding); None means
         all ones. Query `s` attends to key `t` iff `t <= s` and `attention_mask[b, t]` (and, with a
-        sliding window, `pos_s - pos_t < window`).
-      positions: `[B, S]` int position ids; default `position_ids_from_mask(attention_mask)`
-        (`cumsum(mask) - 1`, docs/rlhf_details.md item 2).
+        sliding window, `pos_s - pos_t < window`; with `segment_ids`, `t` is in `s`'s segment).
+      positions: `[B, S]` int position ids; default `cumsum(mask) - 1` (docs/rlhf_details.md
+        item 2), restarting at 0 in each segment with `segment_ids`.
+      segment_ids: `[B, S]` int sequence of each slot of packed rows (`models.packing`) or None.
       use_lora: apply the LoRA adapters (False gives the frozen base / reference model).
       return_kv: also return the per-layer keys and values `[L, B, S, K, Dh]` (for `prefill`).
 
@@ -311,16 +266,16 @@ class Decoder(nnx.Module):
     if attention_mask is None:
       attention_mask = jnp.ones((b, s), bool)
     if attention_mask.shape != (b, s):
-      raise ValueError(
-          f"`attention_mask` must match `input_ids` [B, S] = {(b, s)}, got {attention_mask.shape}."
-      )
+      raise ValueError(f"`attention_mask` must be [B, S] = {(b, s)}, got {attention_mask.shape}.")
     valid = attention_mask != 0
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    base_mask = causal[None] & valid[:, None, :]
+    if segment_ids is not None:
+      base_mask, positions = restrict_to_segments(base_mask, segment_ids, positions)
     if positions is None:
       positions = position_ids_from_mask(valid)
     h = self._embed(input_ids, positions)
     cos, sin = self._rope(positions)
-    causal = jnp.tril(jnp.ones((s, s), bool))
-    base_mask = causal[None] & valid[:, None, :]
     distance = positions[:, :, None] - positions[:, None, :]
 
     def body(h, layer: Block, i, window):
@@ -482,10 +437,12 @@ class CausalLM(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
   ) -> Array:
     """Final hidden states `[B, S, D]` of the trunk (after the final norm), for heads."""
-    return self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+    return self.decoder(input_ids, attention_mask, positions=positions, segment_ids=segment_ids,
+                        use_lora=use_lora)
 
   def __call__(
       self,
@@ -493,6 +450,7 @@ class CausalLM(nnx.Module):
       attention_mask: Array | None = None,
       *,
       positions: Array | None = None,
+      segment_ids: Array | None = None,
       use_lora: bool = True,
       return_hidden: bool = False,
   ):
@@ -501,7 +459,8 @@ class CausalLM(nnx.Module):
     With `return_hidden=True` returns `(logits, hidden)`, hidden `[B, S, D]`; a value head on
     the same trunk reads `hidden` (`values_from_hidden`) without a second forward pass.
     """
-    h = self.decoder(input_ids, attention_mask, positions=positions, use_lora=use_lora)
+    h = self.decoder(input_ids, attention_mask, positions=positions, segment_ids=segment_ids,
+                     use_lora=use_lora)
     logits = self.logits_from_hidden(h)
     return (logits, h) if return_hidden else logits
 

@@ -23,6 +23,7 @@ from jax_ppo.trainer.run import (
     load_run_config,
     run_training,
 )
+from jax_ppo.trainer.sft import SFTConfig, SFTTrainer
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
 from jax_ppo.trainer.trainer import PPOTrainer, RunCollapsed, RunOptions
@@ -41,6 +42,8 @@ __all__ = [
     "RunCollapsed",
     "RunConfig",
     "RunOptions",
+    "SFTConfig",
+    "SFTTrainer",
     "TokenScorer",
     "TrainState",
     "build_trainer",
