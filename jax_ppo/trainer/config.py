@@ -128,6 +128,10 @@ class PPOConfig:
   weight_decay: float = 0.0
   max_grad_norm: float | None = 1.0
   """Clip gradients by global norm (None disables)."""
+  max_consecutive_skips: int | None = 5
+  """An optimizer step whose loss or gradient is NaN/inf is skipped (parameters and optimizer
+  state unchanged, counted in the `skipped_updates` metric); after this many consecutive
+  updates with skipped steps the run stops with `NonFiniteUpdates` (None: never stop)."""
   total_updates: int = 100
   """Number of PPO updates (rollout batches) of the run; sets the LR and entropy schedules."""
 
@@ -238,6 +242,10 @@ class PPOConfig:
         bad(field, "use an int >= 0")
     if self.replay_batches_per_update > self.replay_buffer_size:
       bad("replay_batches_per_update", "it cannot exceed replay_buffer_size")
+    if self.max_consecutive_skips is not None and (
+        not isinstance(self.max_consecutive_skips, int)
+        or isinstance(self.max_consecutive_skips, bool) or self.max_consecutive_skips < 1):
+      bad("max_consecutive_skips", "use an int >= 1 or None (never stop)")
 
   # --- derived values ---
   @property

@@ -20,6 +20,11 @@ two compiled functions:
   forward passes of `experience` are not run a second time. Same results as `experience`
   followed by `update`, up to float summation order.
 
+Non-finite updates: an optimizer step whose loss or gradient holds a NaN or an inf is skipped
+inside the compiled step (parameters and optimizer state unchanged, bit for bit) and counted in
+the `skipped_updates` metric; the run loop stops after `PPOConfig.max_consecutive_skips`
+consecutive updates with skips (`jax_ppo.trainer.loop`).
+
 Every number that changes during training (the KL coefficient, the entropy coefficient, the
 learning-rate scale) is read from the state, so nothing recompiles between updates.
 """
@@ -36,6 +41,7 @@ from flax import nnx, struct
 from jax_ppo import core
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.optim import kl_controller, make_optimizer
 from jax_ppo.trainer.state import FrozenParams, TrainState
 
 Array = jax.Array
@@ -67,44 +73,6 @@ class Batch(struct.PyTreeNode):
   old_values: Array
   advantages: Array
   returns: Array
-
-
-def make_optimizer(config: PPOConfig) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW (PyTorch-style eps 1e-5) with global-norm clipping, warm-up and decay (item 17)."""
-  total = config.total_optimizer_steps
-  lr = config.learning_rate
-  decay_steps = max(total - config.warmup_steps, 1)
-  if config.lr_schedule == "constant":
-    decay = optax.constant_schedule(lr)
-  elif config.lr_schedule == "linear":
-    decay = optax.linear_schedule(lr, 0.0, decay_steps)
-  else:
-    decay = optax.cosine_decay_schedule(lr, decay_steps)
-  if config.warmup_steps:
-    warm = optax.linear_schedule(0.0, lr, config.warmup_steps)
-    schedule = optax.join_schedules([warm, decay], [config.warmup_steps])
-  else:
-    schedule = decay
-  parts = []
-  if config.max_grad_norm is not None:
-    parts.append(optax.clip_by_global_norm(config.max_grad_norm))
-  parts.append(
-      optax.adamw(
-          schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
-          weight_decay=config.weight_decay,
-      )
-  )
-  return optax.chain(*parts), schedule
-
-
-def kl_controller(config: PPOConfig) -> core.KLController:
-  if config.kl_controller == "fixed":
-    return core.fixed_kl_controller(config.kl_coef)
-  if config.kl_controller == "adaptive":
-    return core.adaptive_kl_controller(config.kl_coef, config.kl_target, config.kl_horizon)
-  return core.multiplicative_kl_controller(
-      min(max(config.kl_coef, 0.001), 1.0), config.kl_target
-  )
 
 
 def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
@@ -400,14 +368,32 @@ class PPOSteps:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def _apply_gradients(self, state: TrainState, grads, metrics):
-    """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients."""
+    """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients.
+
+    A step whose loss (`metrics["loss/total_avg"]`) or gradient has a NaN or inf is skipped:
+    parameters, optimizer state and `opt_steps` keep their values bit for bit (a select, not
+    a zero update: `x + 0` would turn -0.0 into 0.0), and `metrics["skipped"]` is 1.
+    (`optax.apply_if_finite` is not used: it applies the non-finite update after
+    `max_consecutive_errors` skips, zeroes the update instead of keeping the state, and does
+    not look at the loss.)
+    """
+    finite = jnp.isfinite(metrics["loss/total_avg"]) & jnp.all(jnp.asarray(
+        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
+    ))
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "policy/grad_norm": optax.tree.norm(grads)}
+
+    def keep_if_skipped(new, old):
+      return jnp.where(finite, new, old)
+
+    params = jax.tree.map(keep_if_skipped, params, state.params)
+    opt_state = jax.tree.map(keep_if_skipped, opt_state, state.opt_state)
+    metrics = {**metrics, "policy/grad_norm": optax.tree.norm(grads),
+               "skipped": (~finite).astype(jnp.float32)}
     new_state = state.replace(
         policy=params["policy"], value=params["value"], opt_state=opt_state,
-        opt_steps=state.opt_steps + 1,
+        opt_steps=state.opt_steps + finite.astype(state.opt_steps.dtype),
     )
     return new_state, metrics
 
@@ -450,7 +436,8 @@ class PPOSteps:
     c = self.config
     b = batch.response_ids.shape[0]
     zero_metrics = self._micro_metric_zeros(state, frozen, batch, coefs)
-    skipped_metrics = {**zero_metrics, "policy/grad_norm": jnp.zeros((), jnp.float32)}
+    skipped_metrics = {**zero_metrics, "policy/grad_norm": jnp.zeros((), jnp.float32),
+                       "skipped": jnp.zeros((), jnp.float32)}
 
     def run_minibatch(carry, idx):
       state, stopped = carry
@@ -475,12 +462,16 @@ class PPOSteps:
     return state, stopped, metrics, ran
 
   def _summary(self, state: TrainState, coefs, metrics, ran, stopped, seq_kl_mean, *, fresh):
-    """Averages the per-minibatch metrics over the minibatches that ran; for a fresh batch (not
-    a replayed one) also updates the KL controller with the batch's mean sequence KL and
+    """Averages the per-minibatch metrics over the minibatches that ran (`skipped_updates`:
+    the number of optimizer steps skipped for a non-finite loss or gradient); for a fresh batch
+    (not a replayed one) also updates the KL controller with the batch's mean sequence KL and
     advances the step and episode counters."""
     c = self.config
+    metrics = dict(metrics)
+    skipped = metrics.pop("skipped")
     n_ran = jnp.sum(ran)
     out = {k: jnp.sum(v) / jnp.maximum(n_ran, 1).astype(jnp.float32) for k, v in metrics.items()}
+    out["skipped_updates"] = jnp.sum(skipped)
     out["val/ratio_first_minibatch"] = metrics["val/ratio"][0, 0]
     out["lr"] = self.schedule(jnp.maximum(state.opt_steps - 1, 0)) * state.lr_scale
     out["policy/epochs_run"] = n_ran.astype(jnp.float32) / c.num_minibatches
@@ -488,6 +479,8 @@ class PPOSteps:
     out["entropy_coef"] = coefs["entropy"]
     if fresh:
       kl = self.kl_controller.update(state.kl, seq_kl_mean, jnp.asarray(c.batch_size))
+      kl = jax.tree.map(lambda new, old: jnp.where(jnp.isfinite(seq_kl_mean), new, old), kl,
+                        state.kl)  # a non-finite KL leaves the controller as it was
       state = state.replace(kl=kl, step=state.step + 1, episode=state.episode + c.batch_size)
     return state, out
 

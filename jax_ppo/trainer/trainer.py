@@ -31,6 +31,11 @@ Preemption: SIGTERM or SIGINT during `train()` (main thread, run folder) lets th
 flight finish (or abandons it after the rollout, before it changes anything), saves a
 checkpoint and returns; `preempted` names the signal. See `jax_ppo.trainer.loop`.
 
+Non-finite updates: an optimizer step whose loss or gradient is NaN or infinite is skipped in
+the compiled step (state unchanged) and counted in `skipped_updates` (replayed batches
+included); after `PPOConfig.max_consecutive_skips` consecutive updates with skips, `train()`
+raises `NonFiniteUpdates` naming likely causes and the last checkpoint before the skips.
+
 Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
 checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
 forgets the updates after the restored step, and training continues from there (at most
@@ -227,6 +232,7 @@ class PPOTrainer:
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=self.run_config, total_steps=c.total_updates,
+        max_consecutive_skips=c.max_consecutive_skips,
     )
 
   # -- run folder: resume, logging, checkpoints (`RunLoop`) -----------------------------------
@@ -264,18 +270,23 @@ class PPOTrainer:
           f"The checkpoint in {str(checkpointer.directory)!r} has no data position: it was not "
           "written by a PPOTrainer; restore it with RunCheckpointer.restore instead."
       )
-    self.state = state
-    self.data_position = int(extra["data_position"])
-    self.replay.clear()
+    replay = []
     if extra.get("replay"):  # [{field: [shape, dtype]}] per buffered batch, oldest first
-      sharding = self.state.step.sharding
+      sharding = state.step.sharding
       like = [
           Batch(**{k: jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
                    for k, (shape, dtype) in layout.items()})
           for layout in extra["replay"]
       ]
-      restored = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})
-      self.replay.extend(restored["replay"])
+      replay = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})["replay"]
+    elif self.config.replay_buffer_size and "replay" not in extra:
+      logger.warning("The checkpoint of step %s predates replay-buffer checkpoints: the buffer "
+                     "restarts empty, so this run resumes close to, not exactly like, an "
+                     "uninterrupted one.", extra.get("step"))
+    self.state = state
+    self.data_position = int(extra["data_position"])
+    self.replay.clear()
+    self.replay.extend(replay)
     if extra.get("replay_rng") is not None:
       self._replay_rng.bit_generator.state = _rng_state(extra["replay_rng"], encode=False)
     self.last_rollout = self.last_scores = self.last_prompt_texts = None
@@ -381,9 +392,10 @@ class PPOTrainer:
       if c.replay_batches_per_update and len(self.replay) > 0:
         picks = self._replay_rng.integers(0, len(self.replay), c.replay_batches_per_update)
         for j in picks:
-          self.state, _ = self.steps.replay_update(
+          self.state, replay_metrics = self.steps.replay_update(
               self.state, self.frozen, self.replay[int(j)], jnp.zeros((), jnp.float32)
           )
+          upd_metrics["skipped_updates"] += replay_metrics["skipped_updates"]
       self.replay.append(batch)
     metrics = _to_host({**exp_metrics, **upd_metrics})
     t_end = time.perf_counter()
