@@ -42,6 +42,10 @@ from jax_ppo.models.transformer import CausalLM
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+SCORE_BIAS_KEY = "jax_ppo_score_bias"
+"""`config.json` key of a `ScalarModel`'s head bias (e.g. its reward normalisation), which HF
+`*ForSequenceClassification` heads lack: transformers keeps the key but does not add it, so its
+scores are `load_scalar_model`'s minus this constant."""
 
 Path = tuple[str, ...]
 
@@ -409,7 +413,8 @@ def load_scalar_model(
 ) -> ScalarModel:
   """Loads a reward or value model from a local checkpoint folder.
 
-  A `*ForSequenceClassification` checkpoint (one label) brings its `score.weight` as the head;
+  A `*ForSequenceClassification` checkpoint (one label) brings its `score.weight` as the head
+  (and `config.json`'s `SCORE_BIAS_KEY`, e.g. a reward normalisation, as its bias; 0 without);
   a causal-LM checkpoint (e.g. the SFT policy) brings the trunk only, and the head is new:
   `head_init="reward"` (N(0, 1/sqrt(D + 1)), the default) or `"zeros"`.
 
@@ -435,7 +440,13 @@ def load_scalar_model(
                           scan_layers=scan_layers, rngs=nnx.Rngs(0))
   )
   if has_score and head_init is None:
-    abstract.score_head.bias = nnx.Param(jnp.zeros((1,), param_dtype))
+    bias = json.loads(config.source_config or "{}").get(SCORE_BIAS_KEY, 0.0)
+    if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not np.isfinite(bias):
+      raise ValueError(
+          f"{SCORE_BIAS_KEY} in {os.path.join(path, 'config.json')} must be a finite number, got "
+          f"{bias!r}; fix or remove the key (it is the reward head's bias)."
+      )
+    abstract.score_head.bias = nnx.Param(jnp.full((1,), bias, param_dtype))
     return load_params(abstract, path, config, head="score")
   abstract.score_head = ScalarHead(
       config.hidden_size, init=head_init or "reward", param_dtype=param_dtype,
@@ -500,7 +511,8 @@ def save_pretrained(
   """Writes a Hugging Face checkpoint folder for `model` (LoRA adapters merged).
 
   A `CausalLM` becomes a `*ForCausalLM` checkpoint; a `ScalarModel` a one-label
-  `*ForSequenceClassification` checkpoint (its head bias must be zero, as HF heads have none).
+  `*ForSequenceClassification` checkpoint; HF heads have no bias, so the head's bias goes into
+  `config.json` as `SCORE_BIAS_KEY` (read back by `load_scalar_model`, ignored by transformers).
   A value head added on a `CausalLM` is not part of the HF format and is not written.
 
   Args:
@@ -514,13 +526,6 @@ def save_pretrained(
   is_scalar = isinstance(model, ScalarModel)
   head = "score" if is_scalar else "lm"
   flat = _export_arrays(model)
-  if is_scalar:
-    bias = np.asarray(flat[("score_head", "bias")])
-    if np.any(bias != 0):
-      raise ValueError(
-          "A ScalarModel with a non-zero head bias cannot be written as a HF "
-          f"SequenceClassification checkpoint (bias {bias})."
-      )
   specs = tensor_specs(config, head=head)
   if dtype is None:
     dtype = flat[("decoder", "embed", "embedding")].dtype
@@ -561,6 +566,9 @@ def save_pretrained(
   hf = config_lib.config_to_hf(config, sequence_classification=is_scalar)
   if is_scalar:
     hf.num_labels = 1
+    setattr(hf, SCORE_BIAS_KEY, float(np.asarray(flat[("score_head", "bias")], np.float32)[0]))
+  elif hasattr(hf, SCORE_BIAS_KEY):
+    delattr(hf, SCORE_BIAS_KEY)
   hf.dtype = str(np_dtype) if np_dtype != np.dtype(jnp.bfloat16) else "bfloat16"
   hf.save_pretrained(path)
   generation = transformers.GenerationConfig.from_model_config(hf)

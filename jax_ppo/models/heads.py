@@ -6,6 +6,13 @@ item 6); a value model reads it at every token. Initialisation follows "The N+ I
 Details of RLHF with PPO" (Huang et al. 2024; docs/rlhf_details.md item 15): a reward head is
 `N(0, 1/sqrt(D + 1))` with a zero bias, a value model starts as a copy of the reward model, and a
 value head sharing the policy's trunk starts at zero.
+
+Reward normalisation (docs/rlhf_details.md item 16) is folded into the head:
+`ScalarModel.rescale_scores(gain, bias)` makes every output `gain * r + bias` by setting
+`w <- gain * w` and `b <- gain * b + bias`, so the normalised scores need no extra state and reach
+PPO through `score` unchanged. A Hugging Face head has no bias: `save_pretrained` writes the
+scaled `w` as `score.weight` and `b` into `config.json` (`SCORE_BIAS_KEY`), which
+`load_scalar_model` reads back.
 """
 
 from __future__ import annotations
@@ -46,6 +53,26 @@ class ScalarHead(nnx.Module):
     self.kernel = nnx.Param(kernel)
     self.bias = nnx.Param(jnp.zeros((1,), param_dtype))
 
+  def rescale(self, gain: float | Array, bias: float | Array) -> None:
+    r"""In place: outputs become `gain * r + bias` (:math:`w \leftarrow g w`,
+    :math:`b \leftarrow g b + c`, computed in float32).
+
+    Raises:
+      ValueError: a gain that is not finite and > 0 (it would flip or erase the preferences),
+        or a bias that is not finite.
+    """
+    gain = jnp.asarray(gain, jnp.float32)
+    bias = jnp.asarray(bias, jnp.float32)
+    if gain.shape or bias.shape:
+      raise ValueError(f"gain and bias must be scalars, got shapes {gain.shape}, {bias.shape}.")
+    if not (bool(jnp.isfinite(gain)) and float(gain) > 0):
+      raise ValueError(f"gain must be finite and > 0, got {float(gain)}.")
+    if not bool(jnp.isfinite(bias)):
+      raise ValueError(f"bias must be finite, got {float(bias)}.")
+    kernel, b = self.kernel[...], self.bias[...]
+    self.kernel[...] = (kernel.astype(jnp.float32) * gain).astype(kernel.dtype)
+    self.bias[...] = (b.astype(jnp.float32) * gain + bias).astype(b.dtype)
+
   def __call__(self, h: Array) -> Array:
     w = self.kernel[...].astype(jnp.float32)
     out = jnp.dot(h.astype(jnp.float32), w) + self.bias[...].astype(jnp.float32)
@@ -58,7 +85,8 @@ class ScalarModel(nnx.Module):
   `model(ids, attention_mask=m)` returns per-token scalars `[B, S]` float32 (values);
   `model.score(ids, attention_mask=m)` returns `[B]`, the scalar at each row's last valid token
   (rewards). Hugging Face `*ForSequenceClassification` checkpoints with one label load into it
-  (`load_scalar_model`), their `score.weight` becoming the head's kernel.
+  (`load_scalar_model`), their `score.weight` becoming the head's kernel (and the
+  `SCORE_BIAS_KEY` of their `config.json`, when present, its bias).
   """
 
   def __init__(
@@ -106,6 +134,16 @@ class ScalarModel(nnx.Module):
       attention_mask = jnp.ones(input_ids.shape, bool)
     per_token = self(input_ids, attention_mask, use_lora=use_lora)
     return read_last_valid(per_token, attention_mask)
+
+  def rescale_scores(self, gain: float | Array, bias: float | Array) -> None:
+    """In place: `score` (and the per-token outputs) become `gain * r + bias`.
+
+    Reward normalisation (docs/rlhf_details.md item 16): with `gain = 1 / std` and
+    `bias = -mean / std` of the scores of SFT-policy samples, those samples score with mean 0 and
+    std 1 afterwards (`jax_ppo.trainer.reward_model.normalisation_from_scores`). The pair is folded
+    into the head (`ScalarHead.rescale`), so it is saved and loaded with the model.
+    """
+    self.score_head.rescale(gain, bias)
 
 
 def read_last_valid(x: Array, attention_mask: Array) -> Array:

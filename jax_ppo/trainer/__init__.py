@@ -13,6 +13,7 @@ evaluation and export of run folders, used by the `jax-ppo` command line), `perf
 
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
 from jax_ppo.trainer.loop import NonFiniteUpdates
+from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
 from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
 from jax_ppo.trainer.run import (
     REWARD_FUNCTIONS,
@@ -38,7 +39,9 @@ __all__ = [
     "PPOConfig",
     "PPOSteps",
     "PPOTrainer",
+    "RewardModelConfig",
     "RewardModelScorer",
+    "RewardModelTrainer",
     "RunCollapsed",
     "RunConfig",
     "RunOptions",

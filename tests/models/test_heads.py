@@ -122,6 +122,34 @@ def test_scalar_model_saves_as_sequence_classification(tmp_path):
     ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
              position_ids=torch.tensor(pos)).logits.numpy()[:, 0]
   np.testing.assert_allclose(_jit_score(model)(ids, mask), ref, atol=1e-4)
-  model.score_head.bias[...] = jnp.ones((1,))
-  with pytest.raises(ValueError, match="bias"):
-    models.save_pretrained(model, str(tmp_path / "b"))
+  # A head bias (HF heads have none) travels in config.json: load_scalar_model adds it back,
+  # transformers leaves it out, and saving the loaded model again keeps it.
+  model.rescale_scores(2.0, 0.75)
+  models.save_pretrained(model, str(tmp_path / "b"))
+  loaded = models.load_scalar_model(str(tmp_path / "b"))
+  np.testing.assert_allclose(_jit_score(loaded)(ids, mask), 2.0 * ref + 0.75, atol=2e-4)
+  hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "b"))
+  with torch.no_grad():
+    out = hf.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                    position_ids=torch.tensor(pos)).logits.numpy()[:, 0]
+  np.testing.assert_allclose(out, 2.0 * ref, atol=2e-4)
+  models.save_pretrained(loaded, str(tmp_path / "c"))
+  again = models.load_scalar_model(str(tmp_path / "c"))
+  np.testing.assert_allclose(_jit_score(again)(ids, mask), 2.0 * ref + 0.75, atol=2e-4)
+
+
+def test_rescale_scores_is_affine_and_refuses_bad_gains():
+  config = models.config.config_from_hf(hf_config("llama2", pad_token_id=0))
+  model = models.ScalarModel(config, rngs=nnx.Rngs(1))
+  ids, mask = left_padded_batch()
+  before = _jit_score(model)(ids, mask)
+  per_token = np.asarray(model(ids, attention_mask=mask))
+  model.rescale_scores(0.5, -3.0)
+  np.testing.assert_allclose(_jit_score(model)(ids, mask), 0.5 * before - 3.0, rtol=1e-5,
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(model(ids, attention_mask=mask)), 0.5 * per_token - 3.0,
+                             rtol=1e-5, atol=1e-5)
+  for gain, bias, match in ((0.0, 0.0, "gain"), (-1.0, 0.0, "gain"), (float("nan"), 0.0, "gain"),
+                            (1.0, float("inf"), "bias")):
+    with pytest.raises(ValueError, match=match):
+      model.rescale_scores(gain, bias)
