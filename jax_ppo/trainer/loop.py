@@ -84,7 +84,7 @@ class RunOptions:
   tensorboard: bool = True
   """Write TensorBoard events under `run_dir/tensorboard`."""
   progress: bool = True
-  """Show a tqdm progress bar with the reward and the KL."""
+  """Show a tqdm progress bar with the stage's main metrics (PPO: the reward and the KL)."""
   async_checkpointing: bool = True
   """Write checkpoint files on a background thread (Orbax async)."""
   monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
@@ -174,6 +174,8 @@ class RunLoop:
     total_steps: the run's length (the progress bar's total).
     max_consecutive_skips: consecutive steps with skipped optimizer steps before
       `NonFiniteUpdates` (None: never stop).
+    progress_metrics: `(label, metric name)` pairs shown in the progress bar's postfix.
+    progress_desc: the progress bar's label (the stage's name).
 
   Raises (before writing anything): `CheckpointConfigMismatch` when the folder holds a run of
   another configuration, `CheckpointError` when its latest checkpoint cannot be read.
@@ -188,8 +190,13 @@ class RunLoop:
       run_config: Any,
       total_steps: int,
       max_consecutive_skips: int | None = None,
+      progress_metrics: tuple[tuple[str, str], ...] = (
+          ("reward", "objective/scores"), ("kl", "objective/kl")),
+      progress_desc: str = "train",
   ):
     self.stage = stage
+    self.progress_metrics = tuple(progress_metrics)
+    self.progress_desc = progress_desc
     self.options = options
     self.run_config = run_config
     self.total_steps = total_steps
@@ -244,7 +251,8 @@ class RunLoop:
     if opts.progress:
       import tqdm
 
-      self.bar = tqdm.tqdm(total=self.total_steps, initial=start, desc="train", unit="update")
+      self.bar = tqdm.tqdm(total=self.total_steps, initial=start, desc=self.progress_desc,
+                           unit="update")
 
   def restore(self, checkpointer: RunCheckpointer, step: int | None, *,
               monitor: bool = True) -> int:
@@ -297,7 +305,7 @@ class RunLoop:
       self.save(step, metrics, force=False)
     if self.bar is not None:
       self.bar.n = self.stage.step_count
-      shown = {k: metrics[v] for k, v in (("reward", "objective/scores"), ("kl", "objective/kl"))
+      shown = {k: metrics[v] for k, v in self.progress_metrics
                if v in metrics and math.isfinite(metrics[v])}
       self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
       self.bar.refresh()

@@ -277,6 +277,9 @@ class RewardModelTrainer:
         options=run_options if run_options is not None else RunOptions(log_samples_every=0),
         run_config=run_config if run_config is not None else config, total_steps=self.total_steps,
         max_consecutive_skips=c.max_consecutive_skips,
+        progress_metrics=(("loss", "train/loss"), ("acc", "train/accuracy"),
+                          ("eval_acc", "eval/accuracy")),
+        progress_desc="reward model",
     )
 
   # -- data ---------------------------------------------------------------------------------

@@ -422,6 +422,7 @@ class SFTTrainer:
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=run_config if run_config is not None else config,
         total_steps=self.total_steps, max_consecutive_skips=c.max_consecutive_skips,
+        progress_metrics=(("loss", "train/loss"), ("eval_loss", "eval/loss")), progress_desc="sft",
     )
 
   # -- data ---------------------------------------------------------------------------------
