@@ -62,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _one_line(error: BaseException) -> str:
+  text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+  if not text:
+    text = type(error).__name__
+  elif type(error).__module__.startswith("safetensors"):
+    text = f"unreadable safetensors file: {text}"
+  return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs the command line; returns the exit status (0 success, 2 bad input, 1 failed run)."""
   args = _parser().parse_args(argv)
@@ -69,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: "
                         "%(message)s")
     logging.getLogger("jax_ppo").setLevel(logging.INFO)
+  from safetensors import SafetensorError
+
   from jax_ppo.checkpoint import CheckpointError
   from jax_ppo.trainer import run
   from jax_ppo.trainer.trainer import RunCollapsed
@@ -98,8 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       dtype = run.DTYPES[args.dtype] if args.dtype else None
       path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype)
       print(json.dumps({"step": step, "out": str(path)}))
-  except (ValueError, OSError, CheckpointError) as e:
-    print(f"jax-ppo {args.command}: error: {e}", file=sys.stderr)
+  except (ValueError, OSError, CheckpointError, SafetensorError) as e:
+    # Errors in the inputs (config, prompts, folders, checkpoints): one line, no traceback. A
+    # reward function that raises (RewardFunctionError) and any other exception keep theirs.
+    print(f"jax-ppo {args.command}: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except RunCollapsed as e:
     print(f"jax-ppo {args.command}: {e}", file=sys.stderr)

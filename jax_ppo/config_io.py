@@ -140,11 +140,25 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
   """Reads a YAML or JSON config file (or `config.yaml` in a directory) into a dict."""
   path = _resolve_path(path)
   suffix = path.suffix.lower()
-  text = path.read_text()
+  try:
+    text = path.read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raw = path.read_bytes()
+    line = raw.count(b"\n", 0, e.start) + 1
+    column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise ValueError(f"Config file {str(path)!r}, line {line}, column {column}: not valid UTF-8; "
+                     "save it as UTF-8.") from None
   if suffix in _JSON_SUFFIXES:
-    data = json.loads(text) if text.strip() else {}
+    try:
+      data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as e:
+      raise ValueError(f"Config file {str(path)!r}, line {e.lineno}, column {e.colno}: invalid "
+                       f"JSON ({e.msg}).") from None
   elif suffix in _YAML_SUFFIXES:
-    data = yaml.safe_load(text)
+    try:
+      data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+      raise ValueError(_yaml_error_message(path, e)) from None
   else:
     raise ValueError(
         f"Config file {str(path)!r} has an unsupported suffix {suffix!r}; use one of "
@@ -157,6 +171,25 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         f"Config file {str(path)!r} must hold a mapping of field names, got {type(data).__name__}."
     )
   return data
+
+
+def check_keys(cls: type, data: Any, *, source: str) -> None:
+  """Raises a ValueError for the first key of `data` that is no field of `cls` (nested mappings
+  are checked against nested dataclass fields), naming `source` (e.g. the config file), the
+  dotted key and the closest valid one. Values are not checked (`config_from_dict` does)."""
+  def walk(owner: type, node: Any, prefix: str) -> None:
+    if not isinstance(node, Mapping):
+      return
+    hints = _init_hints(owner)
+    for key, value in node.items():
+      if key not in hints:
+        raise ValueError(f"{source}: " + _unknown_key_message(owner, f"{prefix}{key}", str(key),
+                                                             hints))
+      nested = _dataclass_of(hints[key])
+      if nested is not None:
+        walk(nested, value, f"{prefix}{key}.")
+
+  walk(cls, data, "")
 
 
 def load_config(
@@ -173,6 +206,8 @@ def load_config(
     overrides: `dotted.key=value` strings applied after the file.
   """
   data = read_config_file(path) if path is not None else {}
+  if path is not None:
+    check_keys(cls, data, source=f"Config file {str(_resolve_path(path))!r}")
   return config_from_dict(cls, apply_overrides(cls, data, overrides))
 
 
@@ -490,6 +525,17 @@ def _resolve_path(path: str | os.PathLike) -> pathlib.Path:
   if not path.exists():
     raise FileNotFoundError(f"Config file {str(path)!r} does not exist.")
   return path
+
+
+def _yaml_error_message(path: pathlib.Path, error: yaml.YAMLError) -> str:
+  """One line for a YAML syntax error: file, line, column (1-based) and the parser's reason."""
+  mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+  where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+  reason = " ".join(
+      str(part) for part in (getattr(error, "context", None), getattr(error, "problem", None))
+      if part
+  ) or str(error).splitlines()[0]
+  return f"Config file {str(path)!r}{where}: invalid YAML ({reason})."
 
 
 def _unknown_key_message(cls: type, dotted: str, key: str, hints: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
 """
 
 import json
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -188,8 +189,13 @@ def test_eval_and_export_errors(files, capsys, tmp_path):
   assert main(["eval", "--run-dir", str(tmp_path), "--prompts", str(files / "eval.jsonl")]) == 2
   assert "has no config.yaml; pass the run folder written by `jax-ppo train`" in (
       capsys.readouterr().err)
-  assert main(["export", "--run-dir", str(files / "missing"), "--out", str(tmp_path)]) == 2
-  assert "has no config.yaml" in capsys.readouterr().err
+  for command in ("eval", "export"):
+    extra = ["--prompts", str(files / "eval.jsonl")] if command == "eval" else ["--out",
+                                                                               str(tmp_path)]
+    assert main([command, "--run-dir", str(files / "missing"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"jax-ppo {command}: error: Run folder '{files / 'missing'}' does not exist; "
+                   "pass the run_dir of a `jax-ppo train` run.\n")
   with pytest.raises(SystemExit):
     main(["eval", "--prompts", "x.txt"])  # --run-dir is required (argparse)
 
@@ -234,3 +240,29 @@ def test_prompt_files_and_builtin_rewards(files, tmp_path):
   assert run.reward_function("count:good", tok)(rollout).tolist() == [2.0, 0.0]
   assert run.reward_function(f"count:{good}", tok)(rollout).tolist() == [2.0, 0.0]
   assert run.reward_function("length", tok)(rollout).tolist() == [3.0, 1.0]
+
+
+def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monkeypatch, capsys):
+  from safetensors import SafetensorError
+
+  from jax_ppo.checkpoint import CheckpointError
+
+  def fail_with(error):
+    def run_training(config):
+      raise error
+    monkeypatch.setattr(run, "run_training", run_training)
+    monkeypatch.setattr(run, "load_run_config", lambda argv: SimpleNamespace(run_dir="r"))
+
+  for error, line in [
+      (ValueError("first\n  second"), "error: first second"),
+      (FileNotFoundError("no such file"), "error: no such file"),
+      (CheckpointError("step 3 is unreadable"), "error: step 3 is unreadable"),
+      (SafetensorError("incomplete metadata"), "error: unreadable safetensors file: incomplete"),
+  ]:
+    fail_with(error)
+    assert main(["train", "x.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jax-ppo train: " + line) and err.count("\n") == 1, err
+  fail_with(KeyError("a bug"))
+  with pytest.raises(KeyError, match="a bug"):  # unexpected: the traceback is shown
+    main(["train", "x.yaml"])

@@ -317,6 +317,17 @@ def test_file_errors_name_the_key(tmp_path, text, pattern):
     load_config(Outer, path)
 
 
+def test_unknown_keys_in_a_file_name_the_file(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("inner:\n  dimm: 2\n")
+  with pytest.raises(ValueError, match=rf"^Config file '{path}': Unknown config key 'inner\.dimm' "
+                                       r"for Inner\. Did you mean 'dim'\?"):
+    load_config(Outer, path)
+  # An override that fixes nothing does not hide the file's mistake.
+  with pytest.raises(ValueError, match="Config file .*'inner.dimm'"):
+    load_config(Outer, path, ["inner.dim=3"])
+
+
 def test_missing_required_key():
   with pytest.raises(ValueError, match=r"Required: missing required key\(s\) 'seed'"):
     load_config(Required)
@@ -336,3 +347,29 @@ def test_file_errors(tmp_path):
     config_to_dict(Outer)
   with pytest.raises(TypeError, match="dataclass type"):
     config_from_dict(Outer(), {})
+
+
+@pytest.mark.parametrize(
+    "name, content, pattern",
+    [
+        ("c.yaml", b"seed: 1\ninner:\n  dim: 2\n   names: [a]\n",
+         r"c.yaml', line 4, column 9: invalid YAML \(mapping values are not allowed here\)\.$"),
+        ("c.yaml", b"seeds: [1, 2\nlr: 3\n",
+         r"c.yaml', line 2, column 3: invalid YAML \(while parsing a flow sequence expected ',' "
+         r"or '\]', but got ':'\)\.$"),
+        ("c.yml", b"name: \"unterminated\n", r"c.yml', line 2, column 1: invalid YAML"),
+        ("c.yaml", b"\tseed: 1\n", r"c.yaml', line 1, column 1: invalid YAML \(.*'\\t' that cannot "
+         r"start any token\)"),
+        ("c.json", b'{"seed": 1,\n  "lr": }\n',
+         r"c.json', line 2, column 9: invalid JSON \(Expecting value\)\.$"),
+        ("c.yaml", b"seed: 1\nname: caf\xe9\n", r"c.yaml', line 2, column 10: not valid UTF-8"),
+    ],
+)
+def test_syntax_errors_give_file_line_and_column_in_one_line(tmp_path, name, content, pattern):
+  path = tmp_path / name
+  path.write_bytes(content)
+  with pytest.raises(ValueError, match=pattern) as info:
+    read_config_file(path)
+  message = str(info.value)
+  assert "\n" not in message and message.startswith(f"Config file '{path}'")
+  assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained traceback

@@ -203,3 +203,19 @@ def test_core_api_signatures_match_the_code():
 def test_core_api_examples_run(index):
   code = CODE_BLOCK.findall(_read(CORE_API))[index]
   exec(compile(code, f"docs/core_api.md example {index}", "exec"), {})
+
+
+def test_the_repository_cites_only_its_own_docs():
+  """Docstrings and tests cite docs/core_api.md and docs/rlhf_details.md, never the project's
+  internal planning files, which a user of the repository does not have."""
+  old = re.compile(r"RLHF_DETAILS\.md|shared/API\.md|(?<![\w/])API\.md")
+  offenders = []
+  for folder in ("jax_ppo", "tests", "experiments"):
+    for path in sorted((ROOT / folder).rglob("*.py")):
+      if path == Path(__file__).resolve():
+        continue
+      for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if old.search(line):
+          offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+  assert not offenders, "cite docs/rlhf_details.md or docs/core_api.md instead:\n" + "\n".join(
+      offenders)

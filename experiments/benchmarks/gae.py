@@ -1,7 +1,7 @@
 """GAE speed: `jax_ppo.gae` (one reverse `lax.scan`, jitted) against the Python loops of the
 practitioners' articles, and against the machine's copy bandwidth.
 
-Three implementations of the same masked GAE (shared/API.md: the value after the last valid
+Three implementations of the same masked GAE (docs/core_api.md: the value after the last valid
 token is 0; advantages and returns are 0 on padding):
 
 - `jax_ppo.gae` under `jax.jit`;

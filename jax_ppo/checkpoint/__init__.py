@@ -4,12 +4,18 @@
                            best_metric="objective/scores", config=config)
     ckpt.maybe_save(step, state, metrics, extra)       # returns at once (async)
     state, extra = ckpt.restore(like=state)            # latest, or restore(step, like=...)
+
+Restoring checks each step before reading its arrays (`CheckpointCorrupt` for a damaged one,
+`CheckpointStructureMismatch` for arrays of another model); the latest falls back to the newest
+readable step, moving damaged ones into `checkpoints/corrupt/`, never deleting.
 """
 
 from jax_ppo.checkpoint.manager import (
     BEST_MODES,
     CheckpointConfigMismatch,
+    CheckpointCorrupt,
     CheckpointError,
+    CheckpointStructureMismatch,
     RunCheckpointer,
     abstract_like,
     check_config,
@@ -19,7 +25,9 @@ from jax_ppo.checkpoint.manager import (
 __all__ = [
     "BEST_MODES",
     "CheckpointConfigMismatch",
+    "CheckpointCorrupt",
     "CheckpointError",
+    "CheckpointStructureMismatch",
     "RunCheckpointer",
     "abstract_like",
     "check_config",

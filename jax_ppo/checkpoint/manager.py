@@ -19,15 +19,30 @@ that crashed half way is never listed: Orbax commits a step atomically.
 
 Opening a directory that holds checkpoints of a run with another configuration raises a
 `CheckpointConfigMismatch` naming the differing fields; nothing is deleted or overwritten.
+
+Restoring checks a step before Orbax reads its arrays: the saved array metadata must list the
+same parameter paths, shapes and dtypes as the live state (else `CheckpointStructureMismatch`,
+naming each differing path with its saved and expected shape), and every item must be present
+and readable (else `CheckpointCorrupt`, naming the step, the file or array and why). Restoring
+the latest step falls back to the newest earlier step that reads, with a warning naming each
+damaged step; the damaged folders are moved (never deleted) into `directory/corrupt/` so that
+the resumed run can save those steps again. A save killed half way leaves only an uncommitted
+`<step>.orbax-checkpoint-tmp*` folder, which Orbax never lists as a step (and replaces when
+that step is saved again).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import math
 import os
 import pathlib
+import re
+import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +56,8 @@ BEST_MODES = ("max", "min")
 FORMAT_VERSION = 1
 STATE_ITEM = "state"
 META_ITEM = "meta"
+CORRUPT_DIR = "corrupt"
+"""Sub-folder of the checkpoint directory that damaged step folders are moved into."""
 ARRAYS_ITEM = "arrays"
 
 
@@ -56,6 +73,33 @@ class CheckpointConfigMismatch(ValueError):
   """
 
   def __init__(self, message: str, differences: Sequence[tuple[str, Any, Any]]):
+    super().__init__(message)
+    self.differences = list(differences)
+
+
+class CheckpointCorrupt(CheckpointError):
+  """A committed checkpoint step is damaged: a file is missing, truncated or unreadable.
+
+  Attributes:
+    step: the damaged step.
+    where: the damaged file, item folder or array, for the message.
+    reason: what is wrong with it.
+  """
+
+  def __init__(self, message: str, *, step: int, where: str, reason: str):
+    super().__init__(message)
+    self.step, self.where, self.reason = step, where, reason
+
+
+class CheckpointStructureMismatch(CheckpointError):
+  """A checkpoint's arrays have other paths, shapes or dtypes than the state restored into.
+
+  Attributes:
+    differences: `(parameter path, saved, expected)` for every differing array, where saved
+      and expected read like "float32[16, 32]" or "<missing>".
+  """
+
+  def __init__(self, message: str, differences: Sequence[tuple[str, str, str]]):
     super().__init__(message)
     self.differences = list(differences)
 
@@ -181,6 +225,202 @@ def abstract_like(tree: Any) -> Any:
   return jax.tree.map(spec, tree)
 
 
+def _spec_text(shape: tuple[int, ...] | None, dtype: Any) -> str:
+  """`float32[16, 32]`: how a saved or expected array is shown in messages."""
+  if shape is None:
+    return _MISSING
+  return f"{'<any dtype>' if dtype is None else dtype}[{', '.join(str(n) for n in shape)}]"
+
+
+def _array_specs(tree: Any, prefix: str = "") -> dict[str, tuple[tuple[int, ...], Any]]:
+  """`{dotted path: (shape, dtype)}` of the array leaves of a nested dict/list tree.
+
+  The tree is Orbax's serialized form of a state (`ocp.tree.serialize_tree`) or its saved
+  metadata tree (`ArrayMetadata` leaves); both name a leaf by the same keys, so paths match.
+  `None` and empty containers hold no array and are skipped.
+  """
+  if isinstance(tree, Mapping):
+    items: Any = tree.items()
+  elif isinstance(tree, list | tuple):
+    items = enumerate(tree)
+  elif tree is None:
+    return {}
+  else:
+    shape = getattr(tree, "shape", None)
+    dtype = getattr(tree, "dtype", None)
+    return {prefix[:-1] or "<root>": (tuple(shape) if shape is not None else (), dtype)}
+  out: dict[str, tuple[tuple[int, ...], Any]] = {}
+  for key, value in items:
+    out.update(_array_specs(value, f"{prefix}{key}."))
+  return out
+
+
+class _ShapeOnly:
+  """An expected leaf whose dtype is not checked (a host scalar or NumPy array in `like`, which
+  Orbax casts to the restore target's dtype)."""
+
+  def __init__(self, shape: tuple[int, ...]):
+    self.shape, self.dtype = shape, None
+
+
+def _expected_specs(like: Any, target: Any) -> Any:
+  """`target` (abstract `like`) with dtype-free leaves where `like` holds no JAX array."""
+
+  def spec(x: Any, t: Any) -> Any:
+    return t if isinstance(x, jax.Array | jax.ShapeDtypeStruct) else _ShapeOnly(tuple(t.shape))
+
+  return jax.tree.map(spec, like, target)
+
+
+def _structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, str]]:
+  """`(path, saved, expected)` for every array whose presence, shape or dtype differs.
+
+  In the order of the live state's leaves (so a model's parameters come before their optimizer
+  moments), then the paths found only in the checkpoint.
+
+  Args:
+    saved: the checkpoint's array metadata tree (nested dicts/lists of `ArrayMetadata`).
+    expected: the serialized abstract target (nested dicts/lists of `jax.ShapeDtypeStruct`, or
+      of `_ShapeOnly` where only the shape is checked).
+  """
+  a, b = _array_specs(saved), _array_specs(expected)
+
+  def same_dtype(x: Any, y: Any) -> bool:
+    if x is None or y is None:
+      return True  # (a leaf without a dtype is checked by its shape alone)
+    try:
+      return jax.numpy.dtype(x) == jax.numpy.dtype(y)
+    except TypeError:
+      return str(x) == str(y)
+
+  out = []
+  for path in [*b, *(p for p in a if p not in b)]:
+    sa, sb = a.get(path), b.get(path)
+    if sa is not None and sb is not None and sa[0] == sb[0] and same_dtype(sa[1], sb[1]):
+      continue
+    out.append((path, _spec_text(*(sa or (None, None))), _spec_text(*(sb or (None, None)))))
+  return out
+
+
+def _error_summary(error: BaseException) -> str:
+  """The innermost cause of an (Orbax / TensorStore) error as `Type: first line`, shortened.
+
+  Orbax wraps TensorStore failures in exceptions whose text is a whole TensorStore spec; the
+  innermost one says what is wrong ("OUT_OF_RANGE: Error reading "w/0.0" ... byte range").
+  """
+  chain, seen = [], set()
+  current: BaseException | None = error
+  while current is not None and id(current) not in seen:
+    seen.add(id(current))
+    chain.append(current)
+    current = current.__cause__ or current.__context__
+  for e in reversed(chain):
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if text:
+      text = text if len(text) <= 400 else text[:400] + "..."
+      return f"{type(e).__name__}: {text}"
+  return type(error).__name__
+
+
+def _unparsable_json_files(folder: pathlib.Path) -> list[pathlib.Path]:
+  """The JSON files under `folder` (Orbax's metadata files) that are empty or do not parse.
+
+  Orbax's JSON errors do not name their file; this finds it. Binary files (array data, OCDBT
+  manifests) are recognised by their first byte and skipped.
+  """
+  bad = []
+  for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    if path.stat().st_size > (16 << 20):
+      continue
+    data = path.read_bytes()
+    if data and data.lstrip()[:1] not in (b"{", b"["):
+      continue
+    try:
+      json.loads(data)
+    except ValueError:
+      bad.append(path)
+  return bad
+
+
+def _has_json_error(error: BaseException) -> bool:
+  current, seen = error, set()
+  while current is not None and id(current) not in seen:
+    if isinstance(current, json.JSONDecodeError):
+      return True
+    seen.add(id(current))
+    current = current.__cause__ or current.__context__
+  return False
+
+
+_ARRAY_KEY = re.compile(r'Error (?:reading|opening) "([^"/]+)/')
+_DRAIN_TIMEOUT_S = 60.0
+_DRAIN_LOCK = threading.RLock()
+
+
+def _close_after_pending_tasks(loop: asyncio.AbstractEventLoop, close: Callable[[], None]) -> None:
+  """Runs `loop` until its pending tasks end, then closes it."""
+  if not loop.is_closed() and not loop.is_running():
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if pending:
+      loop.run_until_complete(asyncio.wait(pending, timeout=_DRAIN_TIMEOUT_S))
+    for task in pending:
+      if task.done() and not task.cancelled():
+        task.exception()  # (retrieved: no "Task exception was never retrieved" log)
+  close()
+
+
+@contextlib.contextmanager
+def _orbax_reads_drained():
+  """Makes Orbax's synchronous calls on this thread finish their pending reads before closing.
+
+  Orbax runs each restore in a fresh event loop (`asyncio.new_event_loop()`) and gathers one
+  TensorStore read per array. When one read fails (a damaged file, a shape error), the gather
+  raises at once and the loop is closed while the other reads are still in flight; each of
+  them then completes into the closed loop and prints a "RuntimeError: Event loop is closed"
+  traceback on stderr (dozens for a model). Inside this context, loops created on the calling
+  thread first run their pending tasks to completion (at most `_DRAIN_TIMEOUT_S`) when closed,
+  so the error comes back alone. Other threads' loops are untouched.
+  """
+  with _DRAIN_LOCK:  # (one policy swap at a time; the lock is re-entrant for nested calls)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", DeprecationWarning)  # (the policy API, Python >= 3.14)
+      base = getattr(asyncio.events, "_AbstractEventLoopPolicy", None) or getattr(
+          asyncio, "AbstractEventLoopPolicy", None)
+      swappable = base is not None and hasattr(asyncio, "set_event_loop_policy")
+      previous = asyncio.get_event_loop_policy() if swappable else None
+    if previous is None:
+      yield
+      return
+    thread = threading.get_ident()
+
+    class DrainingPolicy(base):
+      def get_event_loop(self):
+        return previous.get_event_loop()
+
+      def set_event_loop(self, loop):
+        return previous.set_event_loop(loop)
+
+      def new_event_loop(self):
+        loop = previous.new_event_loop()
+        if threading.get_ident() == thread:
+          close = loop.close
+          loop.close = lambda: _close_after_pending_tasks(loop, close)
+        return loop
+
+      def __getattr__(self, name):  # (child watchers on older Pythons)
+        return getattr(previous, name)
+
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", DeprecationWarning)
+      asyncio.set_event_loop_policy(DrainingPolicy())
+    try:
+      yield
+    finally:
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_event_loop_policy(previous)
+
+
 class RunCheckpointer:
   """Saves a run's state every `save_every` steps; keeps the last `keep_last` and the best.
 
@@ -213,8 +453,7 @@ class RunCheckpointer:
   Raises:
     ValueError: invalid arguments (naming the argument).
     CheckpointConfigMismatch: the directory holds checkpoints of another configuration.
-    CheckpointError: `read_only` and the directory does not exist, or its latest checkpoint's
-      metadata cannot be read.
+    CheckpointError: `read_only` and the directory does not exist.
   """
 
   def __init__(
@@ -281,9 +520,8 @@ class RunCheckpointer:
             ARRAYS_ITEM: ocp.StandardCheckpointHandler(),
         },
     )
-    latest = self.latest_step()
-    if latest is not None and self.config is not None:
-      self._check_config(self.read_meta(latest), latest)
+    if self.config is not None:
+      self._check_newest_config()
 
   # ---- queries ---------------------------------------------------------------------------------
 
@@ -305,18 +543,23 @@ class RunCheckpointer:
     """The JSON metadata `{"format", "step", "config", "extra"}` of a step.
 
     Raises:
-      CheckpointError: the step does not exist or its metadata cannot be read.
+      CheckpointError: the step does not exist.
+      CheckpointCorrupt: its metadata item is missing or cannot be read.
     """
     self._check_step(step)
+    folder = self._step_dir(step) / META_ITEM
+    if not folder.is_dir():
+      raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(**{
-          META_ITEM: ocp.args.JsonRestore()
-      }))
+      with _orbax_reads_drained():
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            META_ITEM: ocp.args.JsonRestore()
+        }))
       meta = restored[META_ITEM]
     except Exception as e:  # Orbax raises many types for unreadable files.
-      raise self._unreadable(step, e) from e
+      raise self._damaged(step, folder, e) from e
     if not isinstance(meta, Mapping) or "extra" not in meta:
-      raise self._unreadable(step, ValueError(f"metadata is {meta!r}"))
+      raise self._damaged(step, folder, f"the metadata is {meta!r}, not a dict with 'extra'")
     return dict(meta)
 
   # ---- saving ----------------------------------------------------------------------------------
@@ -399,42 +642,66 @@ class RunCheckpointer:
 
   # ---- restoring -------------------------------------------------------------------------------
 
-  def restore(self, step: int | None = None, *, like: Any) -> tuple[Any, dict[str, Any]]:
+  def restore(
+      self, step: int | None = None, *, like: Any, before: int | None = None
+  ) -> tuple[Any, dict[str, Any]]:
     """Restores a checkpoint into the structure, dtypes and shardings of `like`.
 
+    Before Orbax reads any array, the step's items must be present and readable and its saved
+    array metadata must match `like` path by path (shape and dtype).
+
+    Latest (`step=None`): when the newest step is damaged (a missing, truncated or unreadable
+    file; see `CheckpointCorrupt`), the newest earlier step that reads is restored instead, with
+    a warning naming each damaged step and why. Unless `read_only`, the damaged step folders are
+    then moved into `directory/corrupt/` (never deleted), so that the resumed run can save
+    those steps again. A structure or configuration mismatch never falls back: it is the setup,
+    not the files, that differs.
+
     Args:
-      step: the step to restore; None restores the latest.
+      step: the step to restore; None restores the latest readable one (see above).
       like: a live state (or a tree of `jax.ShapeDtypeStruct`) of the same structure; only its
         shapes, dtypes and shardings are used.
+      before: with `step=None`, consider only steps < `before` (e.g. the last good checkpoint
+        before a collapse at that step), with the same fallback.
 
     Returns:
       `(state, extra)`: the restored pytree (same treedef as `like`) and the `extra` dict given
       when it was saved.
 
     Raises:
-      CheckpointError: there is no checkpoint, the step does not exist, or it cannot be read
-        (including a state whose structure differs from `like`).
+      CheckpointError: there is no checkpoint, the step does not exist, or (latest) every step
+        is damaged (nothing is moved then).
+      CheckpointCorrupt: the explicitly requested step is damaged (naming the file or array).
+      CheckpointStructureMismatch: the saved arrays have other paths, shapes or dtypes than
+        `like` (naming each differing path with its saved and expected shape).
       CheckpointConfigMismatch: the checkpoint's configuration differs from `config`.
     """
     self.wait()
-    if step is None:
-      step = self.latest_step()
-      if step is None:
-        raise CheckpointError(f"No checkpoint in {str(self.directory)!r} to restore.")
-    meta = self.read_meta(step)
-    if self.config is not None:
-      self._check_config(meta, step)
     target = abstract_like(like)
-    try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(**{
-          STATE_ITEM: ocp.args.StandardRestore(target)
-      }))
-      state = restored[STATE_ITEM]
-    except Exception as e:
-      raise self._unreadable(step, e) from e
-    if jax.tree.structure(state) != jax.tree.structure(target):
-      raise self._unreadable(step, ValueError("the restored tree has another structure"))
-    return state, dict(meta["extra"])
+    if step is not None:
+      if before is not None:
+        raise ValueError("RunCheckpointer.restore: give `step` or `before`, not both.")
+      return self._restore_step(int(step), target, like)
+    steps = [s for s in self.steps() if before is None or s < before]
+    if not steps:
+      below = f" before step {before}" if before is not None else ""
+      raise CheckpointError(f"No checkpoint{below} in {str(self.directory)!r} to restore.")
+    damaged: list[CheckpointCorrupt] = []
+    for candidate in reversed(steps):
+      try:
+        restored = self._restore_step(candidate, target, like)
+      except CheckpointCorrupt as e:
+        damaged.append(e)
+        continue
+      if damaged:
+        self.set_aside(damaged, candidate)
+      return restored
+    listed = "; ".join(f"step {e.step}: {e.where}: {e.reason}" for e in damaged)
+    raise CheckpointError(
+        f"Every checkpoint in {str(self.directory)!r} is damaged ({listed}). Nothing was "
+        "restored, moved or deleted; start a new run in another directory, or replace the "
+        "damaged step folders with good copies."
+    )
 
   def restore_arrays(self, step: int, *, like: Mapping[str, Any]) -> dict[str, Any]:
     """Restores the `arrays` saved with `step` into the structure, dtypes and shardings of `like`.
@@ -444,20 +711,24 @@ class RunCheckpointer:
       like: `{name: pytree}` of live arrays or `jax.ShapeDtypeStruct`s, as saved.
 
     Raises:
-      CheckpointError: the step does not exist, holds no arrays, or they cannot be read into
-        `like`.
+      CheckpointError: the step does not exist.
+      CheckpointCorrupt: the step holds no arrays, or they cannot be read into `like`.
     """
     self.wait()
     self._check_step(step)
     target = abstract_like(dict(like))
+    folder = self._step_dir(step) / ARRAYS_ITEM
+    if not folder.is_dir():
+      raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
     try:
-      restored = self._manager.restore(step, args=ocp.args.Composite(**{
-          ARRAYS_ITEM: ocp.args.StandardRestore(target)
-      }))[ARRAYS_ITEM]
+      with _orbax_reads_drained():
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            ARRAYS_ITEM: ocp.args.StandardRestore(target)
+        }))[ARRAYS_ITEM]
     except Exception as e:
-      raise self._unreadable(step, e) from e
+      raise self._damaged(step, folder, e) from e
     if jax.tree.structure(restored) != jax.tree.structure(target):
-      raise self._unreadable(step, ValueError("the restored arrays have another structure"))
+      raise self._damaged(step, folder, "the restored arrays have another structure")
     return dict(restored)
 
   # ---- lifecycle -------------------------------------------------------------------------------
@@ -486,17 +757,122 @@ class RunCheckpointer:
           f"{steps or 'none'}."
       )
 
-  def _unreadable(self, step: int, error: BaseException) -> CheckpointError:
-    others = [s for s in self.steps() if s != step]
-    damaged = (f"restore another step ({others}) or move {str(self.directory / str(step))!r} "
-               "aside to resume from the previous one" if others else
-               "start a new run in another directory")
-    return CheckpointError(
-        f"Cannot read checkpoint step {step} in {str(self.directory)!r}: "
-        f"{type(error).__name__}: {error}. Nothing was changed. If the model or trainer setup "
-        f"changed (LoRA, critic, architecture), restore with the setup that wrote it; if the "
-        f"files are damaged, {damaged}."
+  def _step_dir(self, step: int) -> pathlib.Path:
+    return self.directory / str(step)
+
+  def _restore_step(self, step: int, target: Any, like: Any) -> tuple[Any, dict[str, Any]]:
+    """Checks (metadata, config, array structure) then restores one step into `target`."""
+    meta = self.read_meta(step)
+    if self.config is not None:
+      self._check_config(meta, step)
+    self._check_structure(step, _expected_specs(like, target))
+    folder = self._step_dir(step) / STATE_ITEM
+    try:
+      with _orbax_reads_drained():
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardRestore(target)
+        }))
+      state = restored[STATE_ITEM]
+    except Exception as e:  # (structure and shapes were checked: the files are at fault)
+      summary = _error_summary(e)
+      if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in summary:
+        raise CheckpointError(
+            f"Not enough memory to restore checkpoint step {step} in "
+            f"{str(self.directory)!r}: {summary}. Nothing was changed."
+        ) from e
+      array = _ARRAY_KEY.search(str(e)) or _ARRAY_KEY.search(summary)
+      where = f"{folder} (array {array.group(1)!r})" if array else folder
+      raise self._damaged(step, where, e) from e
+    if jax.tree.structure(state) != jax.tree.structure(target):
+      raise CheckpointError(
+          f"Checkpoint step {step} in {str(self.directory)!r} restored into another tree "
+          f"structure ({jax.tree.structure(state)} instead of {jax.tree.structure(target)}); "
+          "restore with the setup that wrote it. Nothing was changed."
+      )
+    return state, dict(meta["extra"])
+
+  def _check_structure(self, step: int, expected: Any) -> None:
+    """Compares the step's saved array metadata with `expected`, before any array is read.
+
+    Raises:
+      CheckpointCorrupt: the state item or its array metadata is missing or unreadable.
+      CheckpointStructureMismatch: a parameter path, shape or dtype differs.
+    """
+    folder = self._step_dir(step) / STATE_ITEM
+    if not folder.is_dir():
+      raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
+    try:
+      with _orbax_reads_drained():
+        items = self._manager.metadata(step).item_metadata
+      saved = items[STATE_ITEM] if items is not None else None
+    except Exception as e:  # (a truncated or garbled metadata file)
+      raise self._damaged(step, folder, e) from e
+    if saved is None:
+      raise self._damaged(step, folder, "its array metadata (shapes and dtypes) is missing")
+    diffs = _structure_differences(getattr(saved, "tree", saved),
+                                   ocp.tree.serialize_tree(expected, keep_empty_nodes=True))
+    if not diffs:
+      return
+    shown = "; ".join(f"{p}: saved {a}, expected {b}" for p, a, b in diffs[:20])
+    more = f" (and {len(diffs) - 20} more)" if len(diffs) > 20 else ""
+    raise CheckpointStructureMismatch(
+        f"Checkpoint step {step} in {str(self.directory)!r} holds other arrays than the state "
+        f"being restored ({len(diffs)} differ): {shown}{more}. The model or trainer setup "
+        "(architecture, sizes, dtype, LoRA, critic) differs from the run that wrote it: restore "
+        "with the setup that wrote it, or start the new run in another directory. Nothing was "
+        "changed.",
+        diffs,
     )
+
+  def _damaged(
+      self, step: int, where: str | os.PathLike, error: BaseException | str
+  ) -> CheckpointCorrupt:
+    """The `CheckpointCorrupt` of a damaged step, with what to do about it."""
+    reason = (error if isinstance(error, str) else _error_summary(error)).rstrip(".")
+    if (not isinstance(error, str) and isinstance(where, pathlib.Path) and where.is_dir()
+        and _has_json_error(error)):
+      where = ", ".join(str(p) for p in _unparsable_json_files(where)) or where
+    others = [s for s in self.steps() if s != step]
+    hint = (f"restore an earlier step ({others}), or the latest (step=None), which falls back "
+            f"to the newest readable step and moves this one into {CORRUPT_DIR}/"
+            if others else "start a new run in another directory")
+    return CheckpointCorrupt(
+        f"Checkpoint step {step} in {str(self.directory)!r} is damaged: {str(where)}: {reason}. "
+        f"Nothing was changed; {hint}.",
+        step=step, where=str(where), reason=reason,
+    )
+
+  def set_aside(self, damaged: Sequence[CheckpointCorrupt], restored: int) -> None:
+    """Warns about damaged steps after `restored` was used instead; moves them into `corrupt/`
+    (unless read-only) so that their step numbers can be saved again. Never deletes."""
+    for error in damaged:
+      where_now = "left in place (read-only)"
+      if not self.read_only:
+        parking = self.directory / CORRUPT_DIR
+        parking.mkdir(exist_ok=True)
+        dest, n = parking / str(error.step), 1
+        while dest.exists():
+          dest, n = parking / f"{error.step}.{n}", n + 1
+        os.replace(self._step_dir(error.step), dest)
+        where_now = f"moved to {str(dest)!r}"
+      logger.warning(
+          "Checkpoint step %d in %s is damaged (%s: %s); restored step %d instead. The damaged "
+          "step folder was %s; nothing was deleted.",
+          error.step, self.directory, error.where, error.reason, restored, where_now,
+      )
+    if not self.read_only:
+      self._manager.reload()
+
+  def _check_newest_config(self) -> None:
+    """Checks `config` against the newest step whose metadata reads (`restore` reports and
+    sets aside damaged steps)."""
+    for step in reversed(self.steps()):
+      try:
+        meta = self.read_meta(step)
+      except CheckpointCorrupt:
+        continue
+      self._check_config(meta, step)
+      return
 
   def _check_config(self, meta: Mapping[str, Any], step: int) -> None:
     saved = meta.get("config")

@@ -51,7 +51,7 @@ def gae(
              A_t = \delta_t + \gamma \lambda m_{t+1} A_{t+1}, \qquad R_t = A_t + V_t
 
   with :math:`m_T = 0`. Returns are computed before any advantage whitening
-  (RLHF_DETAILS.md item 10). `gamma = 1, lam = 0.95` are the LLM defaults.
+  (docs/rlhf_details.md item 10). `gamma = 1, lam = 0.95` are the LLM defaults.
 
   Args:
     rewards: `[B, T]` per-token rewards (e.g. from `shape_rewards`).

@@ -2,7 +2,7 @@
 
 Both functions work on `logits / temperature` in float32, whatever the logits' dtype, so that
 sampling, old, reference and new log-probabilities share one set of numerics
-(RLHF_DETAILS.md items 3 and 4). They never call `jax.nn.log_softmax` on the whole tensor: the
+(docs/rlhf_details.md items 3 and 4). They never call `jax.nn.log_softmax` on the whole tensor: the
 log-partition `logsumexp(z)` is a reduction that XLA fuses with the float32 upcast, so at most one
 float32 `[B, T, V]` copy exists even for bfloat16 logits (V is ~150k for Qwen).
 """
@@ -34,7 +34,7 @@ def gather_logprobs(logits: Array, tokens: Array, temperature: float | Array = 1
       (i.e. the caller has already shifted logits by one relative to the input ids).
     tokens: `[B, T]` integer token ids in `[0, V)`.
     temperature: positive scalar (Python float or float32 array) dividing the logits; must be
-      the sampling temperature (RLHF_DETAILS.md item 3).
+      the sampling temperature (docs/rlhf_details.md item 3).
 
   Returns:
     `[B, T]` float32 log-probabilities.

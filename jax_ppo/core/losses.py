@@ -93,7 +93,7 @@ def ppo_policy_loss(
   _checks.check_scalar_range("dual_clip", dual_clip, low=1.0, low_inclusive=False)
   valid = jnp.asarray(mask) != 0
   # Padding gets log-ratio 0 (ratio 1, KL 0) and advantage 0, so even NaN there cannot leak
-  # into gradients through the `where` (RLHF_DETAILS.md item 9).
+  # into gradients through the `where` (docs/rlhf_details.md item 9).
   old = jax.lax.stop_gradient(jnp.asarray(old_logprobs, jnp.float32))
   log_ratio = jnp.where(valid, jnp.asarray(logprobs, jnp.float32) - old, 0.0)
   adv = jnp.where(valid, jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32)), 0.0)
@@ -135,7 +135,7 @@ def ppo_value_loss(
   .. math::  \ell = \tfrac12 \max\big((V - R)^2,\;
              (\mathrm{clip}(V, V_{old} - \epsilon, V_{old} + \epsilon) - R)^2\big)
 
-  as in OpenAI baselines' PPO2 and lm-human-preferences (RLHF_DETAILS.md item 12).
+  as in OpenAI baselines' PPO2 and lm-human-preferences (docs/rlhf_details.md item 12).
 
   Args:
     values: `[B, T]` predictions of the critic being optimised (differentiable).

@@ -26,7 +26,7 @@ def response_mask_from_stop_tokens(
 
   .. math::  m_t = [\, \#\{s < t : y_s \in \mathcal{S}\} = 0 \,]
 
-  The stop token itself stays valid so that the policy learns to stop (RLHF_DETAILS.md items 1
+  The stop token itself stays valid so that the policy learns to stop (docs/rlhf_details.md items 1
   and 5); everything after it is padding. Rows without a stop token are valid throughout.
 
   Args:
@@ -45,7 +45,7 @@ def response_mask_from_stop_tokens(
 def truncate_after_stop(
     tokens: Array, stop_token_ids: Sequence[int] | Array, *, pad_token_id: int
 ) -> tuple[Array, Array, Array]:
-  """Replaces everything after the first stop token by PAD (RLHF_DETAILS.md item 5).
+  """Replaces everything after the first stop token by PAD (docs/rlhf_details.md item 5).
 
   Args:
     tokens: `[B, T]` int response ids.
@@ -66,7 +66,7 @@ def position_ids_from_mask(attention_mask: Array) -> Array:
   r"""Positions of a left- (or right-) padded batch: :math:`p_t = \max(\sum_{s \le t} m_s - 1, 0)`.
 
   The first real token of every row gets position 0, whatever its left padding
-  (RLHF_DETAILS.md item 2). Padding slots get position 0; they are never attended to.
+  (docs/rlhf_details.md item 2). Padding slots get position 0; they are never attended to.
 
   Args:
     attention_mask: `[B, S]` bool or int, 1 on real tokens.

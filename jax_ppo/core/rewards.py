@@ -27,7 +27,7 @@ def shape_rewards(scores: Array, kl: Array, mask: Array, *, kl_coef: float | Arr
   .. math::  r_t = -\beta\, \mathrm{KL}_t\, m_t + s \cdot [t = t_{last}]
 
   where :math:`t_{last}` is the last valid token of the row (the EOS position, not one past it:
-  RLHF_DETAILS.md item 6, trl#1893).
+  docs/rlhf_details.md item 6, trl#1893).
 
   Args:
     scores: `[B]` scalar rewards of the responses.

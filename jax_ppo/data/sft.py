@@ -9,7 +9,9 @@ tokenizer:
   last with the generation prompt (`add_generation_prompt=True`), the response is the rest of the
   template of the whole conversation;
 * a plain record has a prompt string and a response string; the prompt is tokenised with the
-  tokenizer's special tokens (BOS), the response without.
+  tokenizer's special tokens (BOS), the response without. The two are tokenised separately (as
+  at generation time, where the response continues the tokenised prompt), so a response should
+  carry the leading space that BPE vocabularies expect after a word (`" Great product."`).
 
 EOS is appended to every response (unless it already holds one, as chat templates that close
 the assistant turn with the EOS token do), so that the model learns to stop.

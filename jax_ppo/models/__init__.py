@@ -17,6 +17,8 @@ Loading, calling, saving
     logits, h = model(ids, attention_mask=mask, return_hidden=True)   # h: [B, S, D]
     save_pretrained(model, out_path)                         # transformers-loadable folder
 
+Ids must lie in `[0, vocab_size)` (an out-of-range id would embed as NaN): eager calls check
+them (`VocabularyError`), traced calls do not; `Sampler` checks prompts before its jit.
 `attention_mask` is `[B, S]`, 1 on real tokens; left padding is handled through it: positions are
 `cumsum(mask) - 1` (`jax_ppo.core.position_ids_from_mask`) and pad slots are never attended.
 `from_pretrained(path, *, dtype=None, param_dtype=None, remat="none", scan_layers=True)`:
@@ -85,12 +87,22 @@ Performance knobs
 False): nnx.split(model)` switches an existing model temporarily). Attention never repeats K/V
 over query groups and computes scores and softmax in float32.
 
+Errors
+------
+Bad inputs raise subclasses of `ModelError` (a `ValueError`), each naming the file, field or id
+and the fix: `ModelFileError` (missing, truncated or corrupt checkpoint files;
+`MissingModelFileError` is also a `FileNotFoundError`), `UnsupportedModelError` (model_type or
+option not implemented; lists the supported ones), `PadTokenError`, `VocabularyError`.
+
 Tokenizers
 ----------
 `load_tokenizer(path)`: the folder's `AutoTokenizer` (local only), left padding, and a pad token
-distinct from EOS (an existing unused special token when there is one, else a new one; see its
-docstring for the embedding-size caveat); `encode_chat(tokenizer, conversations)` applies the chat
-template; `pad_batch(seqs, pad_token_id=..., length=...)` left-pads id lists into `(ids, mask)`.
+distinct from every stop id: the tokenizer's own, else an existing unused special token (Llama
+2 / Mistral: `<unk>`), else a `PadTokenError` naming the fixes (`pad_token=...`, or
+`add_pad_token=True` plus `resize_token_embeddings(model, len(tokenizer))`, which appends
+mean-initialised rows to the embedding and an untied head); `encode_chat(tokenizer,
+conversations)` applies the chat template; `pad_batch(seqs, pad_token_id=..., length=...)`
+left-pads id lists into `(ids, mask)`.
 """
 
 from jax_ppo.models.checkpoint import (
@@ -100,6 +112,14 @@ from jax_ppo.models.checkpoint import (
     save_pretrained,
 )
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
+from jax_ppo.models.errors import (
+    MissingModelFileError,
+    ModelError,
+    ModelFileError,
+    PadTokenError,
+    UnsupportedModelError,
+    VocabularyError,
+)
 from jax_ppo.models.heads import (
     ScalarHead,
     ScalarModel,
@@ -107,7 +127,9 @@ from jax_ppo.models.heads import (
     value_model_from_reward_model,
 )
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
+from jax_ppo.models.resize import resize_token_embeddings
 from jax_ppo.models.tokenizer import (
+    check_token_ids,
     check_vocab_covers,
     encode_chat,
     ensure_pad_token,
@@ -132,11 +154,18 @@ __all__ = [
     "Decoder",
     "KVCache",
     "LoRAConfig",
+    "MissingModelFileError",
     "ModelConfig",
+    "ModelError",
+    "ModelFileError",
+    "PadTokenError",
     "RopeScaling",
     "ScalarHead",
     "ScalarModel",
+    "UnsupportedModelError",
+    "VocabularyError",
     "add_lora",
+    "check_token_ids",
     "check_vocab_covers",
     "decode_step",
     "encode_chat",
@@ -152,6 +181,7 @@ __all__ = [
     "pad_batch",
     "prefill",
     "read_last_valid",
+    "resize_token_embeddings",
     "save_pretrained",
     "split_lora",
     "value_model_from_reward_model",

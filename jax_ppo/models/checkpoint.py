@@ -27,11 +27,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, traverse_util
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jax_ppo.models import config as config_lib
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from jax_ppo.models.errors import (
+    MissingModelFileError,
+    ModelFileError,
+    UnsupportedModelError,
+)
 from jax_ppo.models.heads import ScalarHead, ScalarModel
 from jax_ppo.models.transformer import CausalLM
 
@@ -142,17 +147,63 @@ def _ignorable(name: str, config: ModelConfig, head: str) -> bool:
   return False
 
 
+_REWRITE = "download or save the checkpoint again"
+
+
+def _safetensors_keys(file: str) -> list[str]:
+  """Tensor names in one safetensors file; a `ModelFileError` naming the file when it is missing,
+  truncated or corrupt (safetensors checks that the header covers the whole file)."""
+  if not os.path.isfile(file):
+    raise MissingModelFileError(f"Weights file {file} does not exist; {_REWRITE}.")
+  try:
+    with safe_open(file, framework="numpy") as f:
+      return list(f.keys())
+  except (SafetensorError, OSError) as e:
+    raise ModelFileError(
+        f"Weights file {file} is not a readable safetensors file ({e}): it is truncated or "
+        f"corrupt; {_REWRITE}."
+    ) from e
+
+
 def checkpoint_index(path: str) -> dict[str, str]:
-  """Tensor name -> file name of a safetensors checkpoint folder (single file or sharded)."""
+  """Tensor name -> file name of a safetensors checkpoint folder (single file or sharded).
+
+  Every file is opened once here (its header only), so a missing, truncated or corrupt file is
+  reported before any tensor is loaded.
+
+  Raises:
+    MissingModelFileError: no weights in `path`, or a shard named by the index does not exist.
+    ModelFileError: an unreadable index or safetensors file, or a shard that lacks a tensor the
+      index assigns to it (each naming the file).
+  """
   index_path = os.path.join(path, INDEX_FILE)
   if os.path.exists(index_path):
-    with open(index_path) as f:
-      return dict(json.load(f)["weight_map"])
+    try:
+      with open(index_path) as f:
+        weight_map = json.load(f)["weight_map"]
+      index = {str(k): str(v) for k, v in dict(weight_map).items()}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
+      raise ModelFileError(
+          f"Shard index {index_path} is unreadable ({type(e).__name__}: {e}); it needs a "
+          f'"weight_map" object of tensor name -> file; {_REWRITE}.'
+      ) from e
+    for file in sorted(set(index.values())):
+      full = os.path.join(path, file)
+      keys = set(_safetensors_keys(full))
+      absent = [name for name, f in index.items() if f == file and name not in keys]
+      if absent:
+        raise ModelFileError(
+            f"Weights file {full} lacks tensors that {index_path} assigns to it: "
+            f"{_format_names(absent)}; {_REWRITE}."
+        )
+    return index
   single = os.path.join(path, SINGLE_FILE)
   if os.path.exists(single):
-    with safe_open(single, framework="numpy") as f:
-      return {name: SINGLE_FILE for name in f.keys()}
-  raise FileNotFoundError(f"No {SINGLE_FILE} or {INDEX_FILE} in {path!r}.")
+    return {name: SINGLE_FILE for name in _safetensors_keys(single)}
+  raise MissingModelFileError(
+      f"No {SINGLE_FILE} or {INDEX_FILE} in {path!r}; give a folder written by save_pretrained "
+      "(or transformers' save_pretrained with safetensors)."
+  )
 
 
 def _resolve_prefix(config: ModelConfig, names: set[str]) -> str:
@@ -188,8 +239,8 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
   Parameters that are already concrete arrays are kept (e.g. a freshly initialised head).
 
   Raises:
-    ValueError: naming the missing and unexpected tensors, or the tensor whose shape differs
-      from the model's (with both shapes).
+    ModelFileError: naming the missing and unexpected tensors, the tensor whose shape differs
+      from the model's (with both shapes), or an unreadable file.
   """
   graphdef, state = nnx.split(model_abstract)
   flat = traverse_util.flatten_dict(nnx.to_pure_dict(state))
@@ -207,7 +258,7 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
       parts.append(f"missing tensors: {_format_names(missing)}")
     if unexpected:
       parts.append(f"unexpected tensors: {_format_names(unexpected)}")
-    raise ValueError(
+    raise ModelFileError(
         f"Checkpoint {path!r} does not match a {config.model_type} model "
         f"(head={head!r}): " + "; ".join(parts) + "."
     )
@@ -215,15 +266,16 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
   abstract_paths = [p for p, v in flat.items() if isinstance(v, jax.ShapeDtypeStruct)]
   uncovered = [p for p in abstract_paths if p not in covered]
   if uncovered:
-    raise ValueError(f"No checkpoint tensor fills parameters {uncovered}.")
+    raise ModelFileError(f"No tensor of checkpoint {path!r} fills parameters {uncovered}.")
 
   for spec in specs:
     slot_shapes = [flat[p].shape if spec.layer is None else flat[p].shape[1:] for p in spec.paths]
     tensor = _read_tensor(os.path.join(path, index[spec.name]), spec.name)
     want = _hf_shape(spec, slot_shapes)
     if tuple(tensor.shape) != want:
-      raise ValueError(
-          f"Shape mismatch for tensor {spec.name!r}: checkpoint has {tuple(tensor.shape)}, "
+      raise ModelFileError(
+          f"Shape mismatch for tensor {spec.name!r} of {path!r}: the checkpoint has "
+          f"{tuple(tensor.shape)}, "
           f"the {config.model_type} model expects {want}."
       )
     if spec.transpose:
@@ -248,8 +300,13 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
 def _read_tensor(file: str, name: str) -> np.ndarray:
   """One tensor as a host array; the file is opened for this tensor only, so that none of the
   checkpoint's memory-mapped pages stay resident after it is copied."""
-  with safe_open(file, framework="numpy") as f:
-    return f.get_tensor(name)
+  try:
+    with safe_open(file, framework="numpy") as f:
+      return f.get_tensor(name)
+  except (SafetensorError, OSError) as e:
+    raise ModelFileError(
+        f"Cannot read tensor {name!r} from {file} ({e}); the file is corrupt; {_REWRITE}."
+    ) from e
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -259,15 +316,39 @@ def _set_layer(stacked: jax.Array, value: jax.Array, layer: int) -> jax.Array:
 
 
 def _read_model_type(path: str) -> str:
+  """`model_type` of `path/config.json`, checked against `SUPPORTED_MODEL_TYPES`.
+
+  Raises:
+    MissingModelFileError: no config.json.
+    ModelFileError: config.json is not a JSON object (naming the line).
+    UnsupportedModelError: a missing or unsupported `model_type` (listing the supported ones).
+  """
   config_path = os.path.join(path, "config.json")
-  if not os.path.exists(config_path):
-    raise FileNotFoundError(f"No config.json in {path!r}.")
-  with open(config_path) as f:
-    model_type = json.load(f).get("model_type")
+  if not os.path.isfile(config_path):
+    raise MissingModelFileError(
+        f"No config.json in {path!r}; give a Hugging Face model folder written by "
+        "save_pretrained."
+    )
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      raw = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ModelFileError(
+        f"{config_path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+        f"{_REWRITE}."
+    ) from e
+  except UnicodeDecodeError as e:
+    raise ModelFileError(f"{config_path} is not UTF-8 text ({e}); {_REWRITE}.") from e
+  if not isinstance(raw, dict):
+    raise ModelFileError(f"{config_path} holds a JSON {type(raw).__name__}, not an object.")
+  model_type = raw.get("model_type")
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(
-        f"Unsupported model_type {model_type!r} in {config_path}; supported: "
-        f"{list(SUPPORTED_MODEL_TYPES)}."
+    architectures = raw.get("architectures")
+    declared = f" (architectures {architectures})" if architectures else ""
+    raise UnsupportedModelError(
+        f"Unsupported model_type {model_type!r}{declared} in {config_path}; supported model "
+        f"types: {', '.join(SUPPORTED_MODEL_TYPES)} (architectures: "
+        f"{', '.join(config_lib.supported_architectures())})."
     )
   return model_type
 
@@ -306,8 +387,10 @@ def from_pretrained(
     `model`, with `model(input_ids, attention_mask=mask)` -> logits `[B, S, V]`.
 
   Raises:
-    ValueError: unsupported `model_type` (listing the supported ones), missing/unexpected tensor
-      names (naming them), or a shape mismatch (naming the tensor and both shapes).
+    UnsupportedModelError: unsupported `model_type` or option (listing the supported ones).
+    ModelFileError: a missing, truncated or corrupt file (naming it; `MissingModelFileError`,
+      also a `FileNotFoundError`, when absent), missing/unexpected tensor names (naming them),
+      or a shape mismatch (naming the tensor and both shapes).
   """
   config = load_config(path)
   dtype, param_dtype = _dtypes(dtype, param_dtype)
@@ -373,8 +456,12 @@ def load_scalar_model(
 
 
 def _tensor_shape(path: str, index: dict[str, str], name: str) -> tuple[int, ...]:
-  with safe_open(os.path.join(path, index[name]), framework="numpy") as f:
-    return tuple(f.get_slice(name).get_shape())
+  file = os.path.join(path, index[name])
+  try:
+    with safe_open(file, framework="numpy") as f:
+      return tuple(f.get_slice(name).get_shape())
+  except (SafetensorError, OSError) as e:
+    raise ModelFileError(f"Cannot read tensor {name!r} from {file} ({e}); {_REWRITE}.") from e
 
 
 # -- saving -----------------------------------------------------------------------------------

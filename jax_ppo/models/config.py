@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from jax_ppo.models.errors import UnsupportedModelError
+
 SUPPORTED_MODEL_TYPES = ("gemma2", "gpt2", "llama", "mistral", "qwen2", "qwen3")
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish")
@@ -29,6 +31,11 @@ _ARCHITECTURES = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3ForSequenceClassification"),
 }
+
+
+def supported_architectures() -> tuple[str, ...]:
+  """The transformers architecture names (`config.json` "architectures") that load here."""
+  return tuple(a for model_type in SUPPORTED_MODEL_TYPES for a in _ARCHITECTURES[model_type])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,7 +55,7 @@ class RopeScaling:
 
   def __post_init__(self):
     if self.rope_type not in ("linear", "llama3"):
-      raise ValueError(
+      raise UnsupportedModelError(
           f"Unsupported rope_type {self.rope_type!r}; supported: 'default', 'linear', 'llama3'."
       )
     if self.factor <= 0:
@@ -104,7 +111,7 @@ class ModelConfig:
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
-      raise ValueError(
+      raise UnsupportedModelError(
           f"Unsupported model_type {self.model_type!r}; supported: {list(SUPPORTED_MODEL_TYPES)}."
       )
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -206,7 +213,7 @@ def _rope_from_hf(hf) -> tuple[float, RopeScaling | None]:
   if rope_type in (None, "default"):
     return float(theta), None
   if rope_type not in ("linear", "llama3"):
-    raise ValueError(
+    raise UnsupportedModelError(
         f"Unsupported rope_type {rope_type!r}; supported: 'default', 'linear', 'llama3'."
     )
   keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -226,12 +233,13 @@ def config_from_hf(hf: Any) -> ModelConfig:
   """Reads a transformers `PretrainedConfig` into a `ModelConfig`.
 
   Raises:
-    ValueError: for an unsupported `model_type` (the message lists the supported ones) or an
-      option of a supported family that this implementation does not reproduce.
+    UnsupportedModelError: (a ValueError) for an unsupported `model_type` (the message lists the
+      supported ones) or an option of a supported family that this implementation does not
+      reproduce.
   """
   model_type = getattr(hf, "model_type", None)
   if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ValueError(
+    raise UnsupportedModelError(
         f"Unsupported model_type {model_type!r}; supported: {list(SUPPORTED_MODEL_TYPES)}."
     )
   common = dict(
@@ -245,9 +253,10 @@ def config_from_hf(hf: Any) -> ModelConfig:
   )
   if model_type == "gpt2":
     if getattr(hf, "scale_attn_by_inverse_layer_idx", False):
-      raise ValueError("GPT-2 option scale_attn_by_inverse_layer_idx=True is not supported.")
+      raise UnsupportedModelError(
+          "GPT-2 option scale_attn_by_inverse_layer_idx=True is not supported.")
     if getattr(hf, "add_cross_attention", False):
-      raise ValueError("GPT-2 option add_cross_attention=True is not supported.")
+      raise UnsupportedModelError("GPT-2 option add_cross_attention=True is not supported.")
     head_dim = hf.n_embd // hf.n_head
     return ModelConfig(
         **common,

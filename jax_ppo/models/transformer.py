@@ -16,7 +16,6 @@ pass runs them with `jax.lax.scan` (one compiled block whatever the depth) or, w
 from __future__ import annotations
 
 import contextlib
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.core import position_ids_from_mask
+from jax_ppo.models.cache import KVCache, init_cache
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.layers import (
   Embed,
@@ -35,6 +35,7 @@ from jax_ppo.models.layers import (
   rope_cos_sin,
 )
 from jax_ppo.models.packing import restrict_to_segments
+from jax_ppo.models.tokenizer import check_token_ids
 
 Array = jax.Array
 
@@ -52,52 +53,11 @@ def _remat_policy(name: str):
   raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {name!r}.")
 
 
-class KVCache(NamedTuple):
-  """Preallocated key/value cache for batched left-padded generation (a pytree).
-
-  Slots `[0, index)` are written; all rows share the write index, rows differ by their masks and
-  positions. With `T = max_length`:
-
-  Attributes:
-    k: `[L, B, K, T, Dh]` keys after RoPE (and q/k norm); head-major, so that one head's keys
-      are contiguous and decoding attends without transposing the cache.
-    v: `[L, B, K, T, Dh]` values.
-    mask: `[B, T]` bool, True on slots that hold a real (attendable) token.
-    slot_positions: `[B, T]` int32 position id of the token in each slot (sliding windows).
-    positions: `[B]` int32 position id the next valid token of each row gets (its number of
-      valid tokens so far).
-    index: `[]` int32 next slot to write (same for every row).
-  """
-
-  k: Array
-  v: Array
-  mask: Array
-  slot_positions: Array
-  positions: Array
-  index: Array
-
-  @property
-  def max_length(self) -> int:
-    return self.k.shape[3]
-
-
-def init_cache(
-    config: ModelConfig, *, batch_size: int, max_length: int, dtype=jnp.float32
-) -> KVCache:
-  """An empty `KVCache` for `batch_size` rows of at most `max_length` tokens (prompt + new)."""
-  if batch_size <= 0 or max_length <= 0:
-    raise ValueError(
-        f"batch_size and max_length must be positive, got {batch_size} and {max_length}."
-    )
-  shape = (config.num_layers, batch_size, config.num_kv_heads, max_length, config.head_dim)
-  return KVCache(
-      k=jnp.zeros(shape, dtype),
-      v=jnp.zeros(shape, dtype),
-      mask=jnp.zeros((batch_size, max_length), bool),
-      slot_positions=jnp.zeros((batch_size, max_length), jnp.int32),
-      positions=jnp.zeros((batch_size,), jnp.int32),
-      index=jnp.zeros((), jnp.int32),
-  )
+def _check_concrete_ids(ids, vocab_size: int) -> None:
+  """Checks ids known on the host (eager calls, constants) against the vocabulary; traced ids
+  (inside jit, the hot paths) are left alone: the `Sampler` checks prompts before its jit."""
+  if not isinstance(ids, jax.core.Tracer):
+    check_token_ids(np.asarray(ids), vocab_size, what="input_ids")
 
 
 class Block(nnx.Module):
@@ -294,9 +254,14 @@ class Decoder(nnx.Module):
 
     Returns:
       `h` `[B, S, D]` in the compute dtype, or `(h, (k, v))` with `return_kv`.
+
+    Raises:
+      VocabularyError: (eager calls only) an id outside `[0, vocab_size)`, which would embed as
+        NaN; under `jax.jit` ids are traced and not checked.
     """
     if input_ids.ndim != 2:
       raise ValueError(f"`input_ids` must be [B, S], got shape {input_ids.shape}.")
+    _check_concrete_ids(input_ids, self.config.vocab_size)
     b, s = input_ids.shape
     if attention_mask is None:
       attention_mask = jnp.ones((b, s), bool)
@@ -502,7 +467,7 @@ class CausalLM(nnx.Module):
   # -- value head on the policy trunk -------------------------------------------------------------
 
   def add_value_head(self) -> None:
-    """Adds a zero-initialised scalar value head on this trunk (RLHF_DETAILS.md item 15)."""
+    """Adds a zero-initialised scalar value head on this trunk (docs/rlhf_details.md item 15)."""
     from jax_ppo.models.heads import ScalarHead
 
     self.value_head = ScalarHead(

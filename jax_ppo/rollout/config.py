@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
+
+
+def _is_token_id(x) -> bool:
+  """An int (or NumPy integer), not a bool, >= 0."""
+  if isinstance(x, bool):
+    return False
+  try:
+    return operator.index(x) >= 0
+  except TypeError:
+    return False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
   """How responses are sampled during a rollout.
 
-  Training defaults follow RLHF_DETAILS.md item 3: one temperature everywhere, `top_k=0`,
+  Training defaults follow docs/rlhf_details.md item 3: one temperature everywhere, `top_k=0`,
   `top_p=1.0`. Evaluation usually sets `greedy=True` or a low temperature (item 20).
   """
 
@@ -27,7 +38,9 @@ class SamplingConfig:
   """Ids that end a response (EOS and any extra stop ids); the stop token stays in the mask.
   Empty means responses always run to `max_new_tokens`."""
   pad_token_id: int = 0
-  """Id written after the stop token and used for left padding of prompts (must not be EOS)."""
+  """Id written after the stop token and used for left padding of prompts (must not be EOS).
+  Pad slots are always identified by masks, never by this id, so the id may also occur in text
+  (Llama 2's `<unk>`); it must be inside the model's vocabulary (`Sampler` checks)."""
   n_samples: int = 1
   """Responses per prompt (`n` for GRPO/RLOO); they occupy consecutive rows."""
   prompt_buckets: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048)
@@ -54,6 +67,16 @@ class SamplingConfig:
       bad("top_p", self.top_p, "use a value in (0, 1] (1 disables top-p)")
     if not isinstance(self.n_samples, int) or self.n_samples < 1:
       bad("n_samples", self.n_samples, "use an int >= 1")
+    if not _is_token_id(self.pad_token_id):
+      bad("pad_token_id", self.pad_token_id,
+          "use a token id (an int >= 0) that is not a stop id; load_tokenizer chooses one")
+    if not isinstance(self.stop_token_ids, (tuple, list)) or not all(
+        _is_token_id(i) for i in self.stop_token_ids
+    ):
+      bad("stop_token_ids", self.stop_token_ids, "use a tuple of token ids (ints >= 0)")
+    # Plain ints in a tuple (NumPy integers or a list are accepted): the config stays hashable.
+    object.__setattr__(self, "pad_token_id", operator.index(self.pad_token_id))
+    object.__setattr__(self, "stop_token_ids", tuple(map(operator.index, self.stop_token_ids)))
     if self.pad_token_id in self.stop_token_ids:
       bad(
           "pad_token_id",

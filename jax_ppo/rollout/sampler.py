@@ -9,7 +9,12 @@ the loop (it is the loop carry), so it never crosses the jit boundary and is fre
 rollout returns, leaving the memory to the training step.
 
 `Sampler` wraps it for host use: it left-pads prompts into bucketed shapes (bounded compiles),
-splits the batch into micro-batches chosen from a memory budget and concatenates the results.
+splits the batch into micro-batches chosen from a memory budget and concatenates the results. It is
+also the vocabulary boundary: the pad and stop ids are checked against the model's `vocab_size`
+when it is built, and every prompt id on the host before the jitted call, so an id outside the
+vocabulary (which `jnp.take` would embed as NaN) is a `VocabularyError` naming the prompt, the id
+and the vocabulary size, never a silent NaN rollout. `generate` itself, being traced, checks
+nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from jax_ppo.core import (
     position_ids_from_mask,
     response_mask_from_stop_tokens,
 )
+from jax_ppo.models.errors import VocabularyError
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -99,7 +105,7 @@ def teacher_forced_logprobs(
   """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
 
   The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
-  new log-probs (RLHF_DETAILS.md item 4); 0 on padding, like `Rollout.logprobs`.
+  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`.
   """
   logits = response_logits(model, rollout, use_lora=use_lora)
   logprobs = gather_logprobs(logits, rollout.response_ids, temperature)
@@ -316,6 +322,10 @@ class Sampler:
 
     sampler = Sampler(model, SamplingConfig(max_new_tokens=32, stop_token_ids=(eos,)))
     rollout = sampler(prompts, jax.random.key(0))  # prompts: list of token-id lists
+
+  Raises:
+    VocabularyError: (a ValueError) `config.pad_token_id` or a stop id is outside the model's
+      vocabulary `[0, model.config.vocab_size)`.
   """
 
   def __init__(
@@ -326,6 +336,17 @@ class Sampler:
       memory_budget_bytes: int | None = None,
       cache_dtype=None,
   ):
+    vocab = model.config.vocab_size
+    for field, ids in (("pad_token_id", (config.pad_token_id,)),
+                       ("stop_token_ids", config.stop_token_ids)):
+      for token_id in ids:
+        if not 0 <= token_id < vocab:
+          raise VocabularyError(
+              f"SamplingConfig.{field} (PPOConfig.{field} in a trainer) holds {token_id}, "
+              f"outside the model's vocabulary of {vocab} ids [0, {vocab}); use ids of the "
+              "model's tokenizer (or grow the model with resize_token_embeddings after adding "
+              "tokens)."
+          )
     self.graphdef, self.state = nnx.split(model)
     self.model_config = model.config
     self.compute_dtype = model.dtype
@@ -370,10 +391,16 @@ class Sampler:
     Prompts are left-padded to a prompt bucket, grouped into micro-batches of a batch bucket
     (the last one padded with one-token dummy prompts whose rows are dropped), and each
     micro-batch is sampled with `fold_in(rng, i)`.
+
+    Raises:
+      VocabularyError: a prompt id outside the model's vocabulary (naming the prompt's index in
+        `prompts`, the id and the vocabulary size), before anything runs on the device.
+      ValueError: an empty or too long prompt (see `left_pad_prompts`).
     """
     state = self.state if state is None else state
     ids, mask = left_pad_prompts(
-        prompts, self.config, max_context=self.model_config.max_position_embeddings
+        prompts, self.config, max_context=self.model_config.max_position_embeddings,
+        vocab_size=self.model_config.vocab_size,
     )
     p = ids.shape[0]
     mb = self.micro_batch_size(p, ids.shape[1])

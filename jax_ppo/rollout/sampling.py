@@ -2,7 +2,7 @@
 
 All functions take `[..., V]` logits and return float32 logits of the same shape in which the
 filtered-out entries are `-inf`, so that `jax.random.categorical` never draws them. The defaults
-used during RLHF training (`top_k=0`, `top_p=1.0`, RLHF_DETAILS.md item 3) return the logits
+used during RLHF training (`top_k=0`, `top_p=1.0`, docs/rlhf_details.md item 3) return the logits
 untouched, and the behaviour log-probabilities are always taken from `logits / temperature`
 *before* filtering, the distribution the training forward pass reproduces.
 """
@@ -166,7 +166,7 @@ def sample_tokens(
   Returns:
     `(tokens [B] int32, logprobs [B] float32)` where
     :math:`\mathrm{logprobs} = \log\mathrm{softmax}(\mathrm{logits}/T)[\mathrm{token}]`,
-    the unfiltered tempered distribution that training recomputes (RLHF_DETAILS.md item 3).
+    the unfiltered tempered distribution that training recomputes (docs/rlhf_details.md item 3).
   """
   if logits.ndim != 2:
     raise ValueError(f"`logits` must have layout [B, V], got shape {tuple(logits.shape)}.")

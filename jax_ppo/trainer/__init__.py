@@ -5,13 +5,14 @@
     trainer.train()
 
 `config` (PPOConfig), `state` (TrainState, FrozenParams), `step` (the jitted experience and
-update functions), `rewards` (reward sources), `trainer` (host orchestration), `loop` (the run
-loop shared by trainers: run folders, `RunOptions`, checkpoints, rollback, preemption), `run`
-(`RunConfig`, `run_training`, evaluation and export of run folders, used by the `jax-ppo`
-command line), `perf` (MFU).
+update functions), `optim` (the optimizer and the KL controller), `rewards` (reward sources),
+`trainer` (host orchestration), `loop` (the run loop shared by trainers: run folders,
+`RunOptions`, checkpoints, rollback, preemption), `run` (`RunConfig`, `run_training`,
+evaluation and export of run folders, used by the `jax-ppo` command line), `perf` (MFU).
 """
 
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
+from jax_ppo.trainer.loop import NonFiniteUpdates
 from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
 from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
 from jax_ppo.trainer.run import (
@@ -34,6 +35,7 @@ __all__ = [
     "Batch",
     "FrozenParams",
     "FunctionScorer",
+    "NonFiniteUpdates",
     "PPOConfig",
     "PPOSteps",
     "PPOTrainer",

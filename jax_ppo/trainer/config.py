@@ -2,12 +2,14 @@
 
 One frozen, keyword-only dataclass, validated at construction: every error names the field and
 the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and
-`shared/RLHF_DETAILS.md`; the item numbers below refer to that list.
+`docs/rlhf_details.md`; the item numbers below refer to that list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 from jax_ppo.core import KL_ESTIMATORS
 from jax_ppo.core._checks import REDUCTIONS
@@ -108,7 +110,9 @@ class PPOConfig:
   entropy_coef: float = 0.0
   """Initial weight of the entropy bonus."""
   entropy_coef_final: float | None = None
-  """Entropy weight at the last step (linear schedule); None keeps it constant."""
+  """Entropy weight reached after `total_updates` updates: update `n` (0-based) uses
+  `entropy_coef + (entropy_coef_final - entropy_coef) * n / total_updates`, so the last update
+  is one step short of it. None keeps the weight constant."""
   loss_reduction: str = "token-mean"
   """"token-mean", "seq-mean-token-mean" or "seq-mean-token-sum"."""
   target_kl: float | None = None
@@ -163,6 +167,12 @@ class PPOConfig:
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         bad(field, "use an int >= 1")
 
+    for f in dataclasses.fields(self):  # numbers before any comparison (no TypeError below)
+      value = getattr(self, f.name)
+      if f.type in ("float", "float | None") and not (
+          (value is None and f.type != "float")
+          or (isinstance(value, numbers.Real) and not isinstance(value, bool))):
+        bad(f.name, "use a number" + (" or None" if f.type != "float" else ""))
     for field in ("batch_size", "n_samples", "num_minibatches", "gradient_accumulation_steps",
                   "ppo_epochs", "max_new_tokens", "total_updates", "kl_horizon"):
       positive_int(field)
@@ -195,6 +205,14 @@ class PPOConfig:
       bad("top_p", "use a value in (0, 1]")
     if not isinstance(self.top_k, int) or self.top_k < 0:
       bad("top_k", "use an int >= 0")
+    if not isinstance(self.pad_token_id, numbers.Integral) or isinstance(
+        self.pad_token_id, bool) or self.pad_token_id < 0:
+      bad("pad_token_id", "use the tokenizer's pad id, an int >= 0 (a tokenizer without a pad "
+                          "token needs one set, e.g. by jax_ppo.models.load_tokenizer)")
+    if not isinstance(self.stop_token_ids, tuple | list) or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
+        for i in self.stop_token_ids):
+      bad("stop_token_ids", "use a tuple of token ids, ints >= 0")
     if self.pad_token_id in self.stop_token_ids:
       bad("pad_token_id", "PAD must differ from every stop/EOS id (item 1)")
     if not 0 <= self.gamma <= 1:
@@ -224,6 +242,13 @@ class PPOConfig:
       bad("learning_rate", "use a value > 0 (1e-6 to 3e-6 for full PPO fine-tuning)")
     if not self.adam_eps > 0:
       bad("adam_eps", "use a value > 0 (1e-5)")
+    for field in ("adam_b1", "adam_b2"):
+      if not 0 <= getattr(self, field) < 1:
+        bad(field, "use a value in [0, 1) (0.9 and 0.999 are the usual ones)")
+    for field in ("reward_shift", "missing_eos_penalty"):
+      value = getattr(self, field)
+      if value is not None and not math.isfinite(value):
+        bad(field, "use a finite number")
     if self.max_grad_norm is not None and not self.max_grad_norm > 0:
       bad("max_grad_norm", "use a value > 0 or None")
     if self.reward_clip is not None and not self.reward_clip > 0:

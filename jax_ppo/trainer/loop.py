@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from jax_ppo.checkpoint import RunCheckpointer, check_config
+from jax_ppo.checkpoint import CheckpointCorrupt, RunCheckpointer, check_config
 from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.trainer.monitor import MonitorConfig, StabilityMonitor
@@ -84,7 +84,7 @@ class RunOptions:
   tensorboard: bool = True
   """Write TensorBoard events under `run_dir/tensorboard`."""
   progress: bool = True
-  """Show a tqdm progress bar with the reward and the KL."""
+  """Show a tqdm progress bar with the stage's main metrics (PPO: the reward and the KL)."""
   async_checkpointing: bool = True
   """Write checkpoint files on a background thread (Orbax async)."""
   monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
@@ -174,6 +174,8 @@ class RunLoop:
     total_steps: the run's length (the progress bar's total).
     max_consecutive_skips: consecutive steps with skipped optimizer steps before
       `NonFiniteUpdates` (None: never stop).
+    progress_metrics: `(label, metric name)` pairs shown in the progress bar's postfix.
+    progress_desc: the progress bar's label (the stage's name).
 
   Raises (before writing anything): `CheckpointConfigMismatch` when the folder holds a run of
   another configuration, `CheckpointError` when its latest checkpoint cannot be read.
@@ -188,8 +190,13 @@ class RunLoop:
       run_config: Any,
       total_steps: int,
       max_consecutive_skips: int | None = None,
+      progress_metrics: tuple[tuple[str, str], ...] = (
+          ("reward", "objective/scores"), ("kl", "objective/kl")),
+      progress_desc: str = "train",
   ):
     self.stage = stage
+    self.progress_metrics = tuple(progress_metrics)
+    self.progress_desc = progress_desc
     self.options = options
     self.run_config = run_config
     self.total_steps = total_steps
@@ -244,7 +251,8 @@ class RunLoop:
     if opts.progress:
       import tqdm
 
-      self.bar = tqdm.tqdm(total=self.total_steps, initial=start, desc="train", unit="update")
+      self.bar = tqdm.tqdm(total=self.total_steps, initial=start, desc=self.progress_desc,
+                           unit="update")
 
   def restore(self, checkpointer: RunCheckpointer, step: int | None, *,
               monitor: bool = True) -> int:
@@ -297,7 +305,7 @@ class RunLoop:
       self.save(step, metrics, force=False)
     if self.bar is not None:
       self.bar.n = self.stage.step_count
-      shown = {k: metrics[v] for k, v in (("reward", "objective/scores"), ("kl", "objective/kl"))
+      shown = {k: metrics[v] for k, v in self.progress_metrics
                if v in metrics and math.isfinite(metrics[v])}
       self.bar.set_postfix({k: f"{v:.4g}" for k, v in shown.items()}, refresh=False)
       self.bar.refresh()
@@ -324,8 +332,21 @@ class RunLoop:
                    "rollback.", step, reason.kind)
       self.monitor.clear_collapse()
       return {}
-    target = good[-1]
-    self.restore(self.checkpointer, target, monitor=False)
+    damaged = []
+    for target in reversed(good):  # a damaged checkpoint gives way to the one before it
+      try:
+        self.restore(self.checkpointer, target, monitor=False)
+        break
+      except CheckpointCorrupt as e:
+        logger.warning("Step %d: rollback skips damaged checkpoint %d: %s", step, target, e)
+        damaged.append(e)
+    else:
+      logger.error("Step %d: collapse (%s) but every checkpoint before it is damaged; "
+                   "continuing without rollback.", step, reason.kind)
+      self.monitor.clear_collapse()
+      return {}
+    if damaged:  # moved into corrupt/ (never deleted) so that their steps can be saved again
+      self.checkpointer.set_aside(damaged, target)
     scale = self.stage.scale_learning_rate(opts.rollback_lr_factor)
     self.monitor.rollback(target)
     self.rollbacks += 1

@@ -1,8 +1,8 @@
 """Training-stability monitor: the practitioners' checks on PPO metric streams.
 
 Host-side and plain Python: the trainer calls `StabilityMonitor.update(step, metrics)` once per
-PPO update with the scalar metrics it already logs (TRL names, RLHF_DETAILS.md), after they have
-been fetched from the device. The monitor keeps short windows of the metrics it reads and
+PPO update with the scalar metrics it already logs (TRL names, docs/rlhf_details.md), after they
+have been fetched from the device. The monitor keeps short windows of the metrics it reads and
 returns a `StabilityWarning` for every check that fails at this step:
 
 * `reward_volatility`: the std of the last `reward_window` mean rewards exceeds

@@ -36,15 +36,19 @@ def update_flops(
     prompt_len: int,
     response_len: int,
     epochs: int,
+    fused_first_epoch: bool = False,
 ) -> float:
   """Model FLOPs of one PPO update: 2N per forward token, 6N per trained token.
 
   Rollout (prompt + generated tokens through the policy), the experience passes (policy, and
   reference, critic and reward model forward over prompt + response), and `epochs` training
-  passes of policy and critic.
+  passes of policy and critic. With `fused_first_epoch` (`PPOSteps.fuses_first_epoch`) the
+  first epoch's forward pass also gives the old log-probs and values, so the experience step
+  runs only the reference and the reward model.
   """
   seq = prompt_len + response_len
   rollout = 2 * policy_params * batch * seq
-  experience = 2 * (2 * policy_params + critic_params + reward_params) * batch * seq
+  behaviour = 0 if fused_first_epoch else policy_params + critic_params
+  experience = 2 * (policy_params + behaviour + reward_params) * batch * seq
   training = 6 * (policy_params + critic_params) * batch * seq * epochs
   return float(rollout + experience + training)

@@ -55,6 +55,7 @@ from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import RunLoop, RunOptions, TrainingHistory
+from jax_ppo.trainer.optim import make_optimizer
 from jax_ppo.trainer.pairwise import (
     PreferencePairs,
     RewardModelState,
@@ -64,7 +65,6 @@ from jax_ppo.trainer.pairwise import (
     pair_scores,
     preference_pairs,
 )
-from jax_ppo.trainer.step import make_optimizer
 
 Array = jax.Array
 logger = logging.getLogger("jax_ppo.trainer")
@@ -109,7 +109,7 @@ class RewardModelConfig:
   eval_batch_size: int = 32
   """Pairs per evaluation (and scoring) batch."""
 
-  # --- optimisation (the fields `jax_ppo.trainer.step.make_optimizer` reads) ---
+  # --- optimisation (the fields `jax_ppo.trainer.optim.make_optimizer` reads) ---
   learning_rate: float = 1e-5
   """Peak learning rate of AdamW."""
   lr_schedule: str = "linear"
@@ -121,6 +121,9 @@ class RewardModelConfig:
   weight_decay: float = 0.0
   max_grad_norm: float | None = 1.0
   """Clip gradients by global norm (None disables)."""
+  max_consecutive_skips: int | None = 5
+  """Stop with `NonFiniteUpdates` after this many consecutive steps skipped for a NaN/inf loss or
+  gradient (None: never stop)."""
   train_scan_layers: bool | None = None
   """Layer loop of the training forward/backward (see `PPOConfig.train_scan_layers`)."""
   seed: int = 0
@@ -137,6 +140,9 @@ class RewardModelConfig:
                        ("eval_every", 0), ("eval_batch_size", 1), ("warmup_steps", 0)):
       if not is_int(getattr(self, field)) or getattr(self, field) < low:
         bad(field, f"use an int >= {low}")
+    if self.max_consecutive_skips is not None and (not is_int(self.max_consecutive_skips)
+                                                   or self.max_consecutive_skips < 1):
+      bad("max_consecutive_skips", "use an int >= 1, or None to never stop")
     if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
       bad("total_steps", "use an int >= 1, or None for num_epochs passes over the pairs")
     for field in ("pad_token_id", "eos_token_id"):
@@ -270,6 +276,10 @@ class RewardModelTrainer:
         self, None if run_dir is None else pathlib.Path(run_dir),
         options=run_options if run_options is not None else RunOptions(log_samples_every=0),
         run_config=run_config if run_config is not None else config, total_steps=self.total_steps,
+        max_consecutive_skips=c.max_consecutive_skips,
+        progress_metrics=(("loss", "train/loss"), ("acc", "train/accuracy"),
+                          ("eval_acc", "eval/accuracy")),
+        progress_desc="reward model",
     )
 
   # -- data ---------------------------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Reward sources: a reward model, a Python function of text, or a jittable function of ids.
 
 Every scorer is called as `scorer(rollout, reward_state) -> scores [B]` (float32) on the rollout's
-truncated responses (PAD after the stop token, RLHF_DETAILS.md item 5); `reward_state` is the
+truncated responses (PAD after the stop token, docs/rlhf_details.md item 5); `reward_state` is the
 reward model's frozen parameters (`FrozenParams.reward`) or None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -32,59 +33,186 @@ def decode_rollout(tokenizer, rollout: Rollout) -> tuple[list[str], list[str]]:
   return prompts, responses
 
 
-def check_scores(scores, batch: int, *, source: str) -> np.ndarray:
-  """Validates host-side scores: `[batch]` finite floats, else a ValueError saying what is wrong."""
-  try:
-    arr = np.asarray(scores, dtype=np.float32)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{source} must return numbers, one per response; got {scores!r}.") from e
-  if arr.shape != (batch,):
+class RewardFunctionError(RuntimeError):
+  """A reward function raised; the original exception is the `__cause__`.
+
+  Not a ValueError: the command line prints it with the full traceback (the user's code failed),
+  while wrong values (NaN, a wrong length or type) are ValueErrors reported in one line.
+  """
+
+
+def _short(value: Any, limit: int = 60) -> str:
+  text = repr(value)
+  return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _row_context(row: int, prompts: Sequence | None) -> str:
+  if prompts is None or row >= len(prompts):
+    return f"row {row}"
+  return f"row {row} (prompt {_short(prompts[row], 50)})"
+
+
+def _real_dtype(dtype: np.dtype) -> bool:
+  return dtype == np.bool_ or (np.issubdtype(dtype, np.number)
+                               and not np.issubdtype(dtype, np.complexfloating))
+
+
+def check_scores(scores: Any, batch: int, *, source: str,
+                 prompts: Sequence | None = None) -> np.ndarray:
+  """Validates host-side scores: `[batch]` finite numbers, else one ValueError saying what is wrong.
+
+  Args:
+    scores: what the scorer returned: a sequence or array of `batch` real numbers (bools and
+      integers are accepted and converted).
+    batch: the number of responses `B` scored.
+    source: how the message names the scorer ("The reward function 'mod:fn'").
+    prompts: the rows' prompts (texts or ids), quoted in the message for the first bad row.
+
+  Returns:
+    `scores` as a float32 numpy array `[B]`.
+
+  Raises:
+    ValueError: naming the batch row (its prompt) and the value: a non-number, NaN or inf, or a
+      length other than `B`. Nothing is ever replaced by zero.
+  """
+  array_like = isinstance(scores, np.ndarray | np.generic | jax.Array)
+  if not array_like and (isinstance(scores, str | bytes | Mapping | set | frozenset)
+                         or not hasattr(scores, "__len__") or not hasattr(scores, "__iter__")):
     raise ValueError(
-        f"{source} returned scores of shape {arr.shape} for {batch} responses; return one float "
-        "per response, in order."
+        f"{source} returned {_short(scores)} ({type(scores).__name__}); return a list or array "
+        f"of {batch} floats, one per response, in order."
     )
+  items = None if array_like else list(scores)
+  if items is not None:
+    if len(items) != batch:
+      raise ValueError(
+          f"{source} returned scores of shape ({len(items)},) for {batch} responses; return one "
+          "float per response, in the order of the prompts it was given."
+      )
+    for row, value in enumerate(items):
+      ok = (isinstance(value, (int, float, np.bool_)) or (
+          isinstance(value, (np.generic, np.ndarray, jax.Array)) and np.ndim(value) == 0
+          and _real_dtype(np.asarray(value).dtype)))
+      if not ok:
+        raise ValueError(
+            f"{source} returned {_short(value)} ({type(value).__name__}) at "
+            f"{_row_context(row, prompts)}; every score must be a real number."
+        )
+    arr = np.asarray([float(v) for v in items], dtype=np.float32)
+  else:
+    arr = np.asarray(scores)
+    if not _real_dtype(arr.dtype):
+      raise ValueError(f"{source} returned an array of dtype {arr.dtype}; return real numbers.")
+    if arr.shape != (batch,):
+      raise ValueError(
+          f"{source} returned scores of shape {arr.shape} for {batch} responses; return one "
+          "float per response (shape [B]), in order."
+      )
+    arr = arr.astype(np.float32)
   bad = np.flatnonzero(~np.isfinite(arr))
   if bad.size:
+    more = ", ..." if bad.size > 10 else ""
+    rows = ", ".join(map(str, bad[:10].tolist()))
+    values = ", ".join(str(v) for v in arr[bad[:10]].tolist())
     raise ValueError(
-        f"{source} returned non-finite scores at rows {bad[:10].tolist()} "
-        f"(values {arr[bad[:10]].tolist()}); return finite floats (clip or replace NaN/inf)."
+        f"{source} returned non-finite scores at rows [{rows}{more}] (values {values}{more}; "
+        f"{bad.size} of {batch} rows); the first is {_row_context(int(bad[0]), prompts)}. Return "
+        "finite floats (clip the score or replace NaN/inf); nothing is replaced by zero."
     )
   return arr
+
+
+def check_device_scores(scores: Array, *, source: str,
+                        prompts: Callable[[], Sequence | None] | None = None) -> None:
+  """`check_scores` for scores `[B]` computed on device (a reward model, a `TokenScorer`).
+
+  One device-side reduction when every score is finite (the common case); otherwise the scores
+  are gathered to the host and the error names the rows, values and (when `prompts` can give
+  them) the prompts.
+  """
+  if bool(jnp.all(jnp.isfinite(scores))):
+    return
+  if isinstance(scores, jax.Array) and not scores.is_fully_addressable:
+    from jax.experimental import multihost_utils
+
+    scores = multihost_utils.process_allgather(scores, tiled=True)
+  host = np.asarray(scores)
+  check_scores(host, host.shape[0], source=source, prompts=prompts() if prompts else None)
+
+
+def _function_name(fn: Callable) -> str:
+  module = getattr(fn, "__module__", None) or type(fn).__module__
+  name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+  return f"{module}:{name}"
 
 
 class FunctionScorer:
   """Scores from a Python function `fn(prompts, responses) -> sequence of floats`.
 
   With a tokenizer the function receives decoded texts; without one it receives lists of token
-  ids (valid tokens only).
+  ids (valid tokens only). Row `i` of both lists is batch row `i` (prompts repeat `n_samples`
+  times). The result is checked by `check_scores`; an exception raised by `fn` is re-raised as a
+  `RewardFunctionError` naming the first row that raises on its own (the function is called
+  again row by row to find it), with the original exception as its `__cause__`.
   """
 
-  def __init__(self, fn: Callable[[list, list], Sequence[float]], *, tokenizer=None):
+  def __init__(self, fn: Callable[[list, list], Sequence[float]], *, tokenizer=None,
+               name: str | None = None):
+    if not callable(fn):
+      raise ValueError(f"The reward function must be callable, got {_short(fn)}.")
     self.fn = fn
     self.tokenizer = tokenizer
+    self.name = name or _function_name(fn)
+
+  def _inputs(self, rollout: Rollout) -> tuple[list, list]:
+    if self.tokenizer is not None:
+      return decode_rollout(self.tokenizer, rollout)
+    pm = np.asarray(rollout.prompt_mask).astype(bool)
+    rm = np.asarray(rollout.response_mask).astype(bool)
+    prompts = [r[m].tolist() for r, m in zip(np.asarray(rollout.prompt_ids), pm, strict=True)]
+    responses = [r[m].tolist() for r, m in zip(np.asarray(rollout.response_ids), rm,
+                                                strict=True)]
+    return prompts, responses
+
+  def _failing_row(self, prompts: list, responses: list) -> int | None:
+    for row, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+      try:
+        self.fn([p], [r])
+      except Exception:  # noqa: BLE001 - only locating the row; the batch error is re-raised.
+        return row
+    return None
 
   def __call__(self, rollout: Rollout, reward_state=None) -> Array:
     del reward_state
     b = rollout.response_ids.shape[0]
-    if self.tokenizer is not None:
-      prompts, responses = decode_rollout(self.tokenizer, rollout)
-    else:
-      pm = np.asarray(rollout.prompt_mask).astype(bool)
-      rm = np.asarray(rollout.response_mask).astype(bool)
-      prompts = [r[m].tolist() for r, m in zip(np.asarray(rollout.prompt_ids), pm, strict=True)]
-      responses = [r[m].tolist() for r, m in zip(np.asarray(rollout.response_ids), rm,
-                                                  strict=True)]
-    return jnp.asarray(check_scores(self.fn(prompts, responses), b, source="The reward function"))
+    prompts, responses = self._inputs(rollout)
+    source = f"The reward function {self.name!r}"
+    try:
+      scores = self.fn(prompts, responses)
+    except Exception as e:
+      row = self._failing_row(prompts, responses)
+      where = (f"at {_row_context(row, prompts)}, response {_short(responses[row], 50)}"
+               if row is not None else
+               f"on the batch of {b} responses (no single row raises alone)")
+      raise RewardFunctionError(
+          f"{source} raised {type(e).__name__}: {e} -- {where}. Fix the function; its "
+          "traceback is above."
+      ) from e
+    return jnp.asarray(check_scores(scores, b, source=source, prompts=prompts))
 
 
 class TokenScorer:
   """Scores from a jittable `fn(prompt_ids, prompt_mask, response_ids, response_mask) -> [B]`.
 
-  Runs on device without leaving the compiled world, e.g. a count of target tokens.
+  Runs on device without leaving the compiled world, e.g. a count of target tokens. The `[B]`
+  scores are copied to the host once and checked like a Python function's (`check_scores`:
+  NaN or inf is an error naming the rows and values).
   """
 
-  def __init__(self, fn: Callable[[Array, Array, Array, Array], Array]):
+  def __init__(self, fn: Callable[[Array, Array, Array, Array], Array], *,
+               name: str | None = None):
     self.fn = fn
+    self.name = name or _function_name(fn)
     self._jitted = jax.jit(fn)
 
   def __call__(self, rollout: Rollout, reward_state=None) -> Array:
@@ -97,21 +225,26 @@ class TokenScorer:
           f"The token reward function returned shape {scores.shape}; expected "
           f"{rollout.response_ids.shape[:1]} (one score per response)."
       )
-    return scores.astype(jnp.float32)
+    scores = scores.astype(jnp.float32)
+    check_device_scores(scores, source=f"The token reward function {self.name!r}")
+    return scores
 
 
 class RewardModelScorer:
   """Scores from a reward model (`jax_ppo.models.ScalarModel`) read at the last valid token.
 
-  When the reward model has its own tokenizer that differs from the policy's (RLHF_DETAILS.md
+  When the reward model has its own tokenizer that differs from the policy's (docs/rlhf_details.md
   item 21), responses are decoded with the policy tokenizer and re-tokenized with the reward
   tokenizer (right-aligned to `max_length`); otherwise the policy's ids are scored directly.
+  Non-finite scores (broken weights, float16 overflow) are an error naming the rows and values
+  (`check_scores`), never passed on.
 
   Args:
     reward_model: the reward model; it is split once, its state goes into `FrozenParams`.
     policy_tokenizer: needed when re-tokenizing.
     reward_tokenizer: the reward model's tokenizer, when it may differ from the policy's.
-    max_length: re-tokenized sequences are truncated on the left to this many tokens.
+    max_length: re-tokenized sequences are truncated on the left to this many tokens (the reward
+      model's context, `max_position_embeddings`).
   """
 
   def __init__(
@@ -143,23 +276,42 @@ class RewardModelScorer:
     self._score = score
 
   def _retokenized(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray]:
-    prompts, responses = decode_rollout(self.policy_tokenizer, rollout)
+    # Each row's prompt and response are decoded together: decoding them apart and joining the
+    # texts drops the space between them for tokenizers that do not store it in the token
+    # (word-level, SentencePiece's leading "▁" of the first response token).
+    ids_all = np.asarray(rollout.sequence_ids)
+    mask_all = np.asarray(rollout.attention_mask).astype(bool)
+    texts = [self.policy_tokenizer.decode(r[m].tolist()) for r, m in zip(ids_all, mask_all,
+                                                                          strict=True)]
     tok = self.reward_tokenizer
-    seqs = [tok(p + r, add_special_tokens=False)["input_ids"][-self.max_length :]
-            for p, r in zip(prompts, responses, strict=True)]
-    length = max(len(s) for s in seqs)
-    length = 1 << max(length - 1, 0).bit_length()  # bucket to a power of two: bounded compiles
+    seqs = [tok(t, add_special_tokens=False)["input_ids"][-self.max_length :] for t in texts]
+    empty = [i for i, seq in enumerate(seqs) if not seq]
+    if empty:
+      raise ValueError(
+          f"Row {empty[0]} re-tokenizes to no reward-model tokens (text "
+          f"{_short(texts[empty[0]])}); the reward model's tokenizer cannot read the policy's text."
+      )
+    length = max(len(seq) for seq in seqs)
+    # Bucket to a power of two (bounded compiles), never past the reward model's context.
+    length = min(1 << max(length - 1, 0).bit_length(), self.max_length)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = np.full((len(seqs), length), pad, np.int32)
     mask = np.zeros((len(seqs), length), np.int32)
-    for i, s in enumerate(seqs):
-      ids[i, length - len(s):] = s
-      mask[i, length - len(s):] = 1
+    for i, seq in enumerate(seqs):
+      ids[i, length - len(seq):] = seq
+      mask[i, length - len(seq):] = 1
     return ids, mask
 
   def __call__(self, rollout: Rollout, reward_state=None) -> Array:
     state = self.state if reward_state is None else reward_state
     if self.retokenize:
       ids, mask = self._retokenized(rollout)
-      return self._score(state, ids, mask)
-    return self._score(state, rollout.sequence_ids, rollout.attention_mask)
+      scores = self._score(state, ids, mask)
+    else:
+      scores = self._score(state, rollout.sequence_ids, rollout.attention_mask)
+    # B floats to the host: a NaN score would otherwise reach the advantages silently.
+    check_device_scores(
+        scores, source="The reward model (check its weights, and dtype='float32' if it overflows)",
+        prompts=lambda: (decode_rollout(self.policy_tokenizer, rollout)[0]
+                         if self.policy_tokenizer is not None else None))
+    return scores

@@ -8,7 +8,7 @@ the same run folder resumes from the latest checkpoint. `evaluate_run` and `expo
 run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin layer
 over these functions.
 
-Defaults follow RLHF_DETAILS.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
+Defaults follow docs/rlhf_details.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
 stop tokens default to the tokenizer's and the model's EOS ids, the critic is initialised from the
 reward model when there is one (item 15), else it is a zero-initialised value head on the policy.
 """
@@ -16,11 +16,15 @@ reward model when there is one (item 15), else it is a zero-initialised value he
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib
 import json
+import keyword
 import logging
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -29,6 +33,7 @@ from flax import nnx
 from jax_ppo.config_io import (
     CONFIG_FILENAME,
     apply_overrides,
+    check_keys,
     config_from_dict,
     read_config_file,
 )
@@ -39,14 +44,16 @@ from jax_ppo.models import (
     check_vocab_covers,
     encode_chat,
     from_pretrained,
+    load_config,
     load_scalar_model,
     load_tokenizer,
+    resize_token_embeddings,
     value_model_from_reward_model,
 )
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.monitor import MonitorConfig
 from jax_ppo.trainer.presets import PRESETS, preset_overrides
-from jax_ppo.trainer.rewards import RewardModelScorer, TokenScorer
+from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
 from jax_ppo.trainer.trainer import PPOTrainer, RunOptions
 
 logger = logging.getLogger("jax_ppo.run")
@@ -89,7 +96,9 @@ class RunConfig:
   reward_model_path: str | None = None
   """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model."""
   reward_function: str | None = None
-  """A built-in programmatic reward instead of a reward model (see `REWARD_FUNCTIONS`)."""
+  """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
+  "package.module:function", a Python `fn(prompts, responses) -> scores` on texts
+  (`MODULE_REWARD`)."""
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
   reward model, or a zero-initialised value head on the policy with a reward function."""
@@ -98,6 +107,15 @@ class RunConfig:
   preset: str | None = None
   """Scenario preset (`jax_ppo.trainer.presets.PRESETS`) applied to `ppo` before the file's and
   the command line's values."""
+  pad_token: str | None = None
+  """Pad token of the policy's tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an
+  existing unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop
+  token; a token missing from the vocabulary needs `resize_embeddings`."""
+  resize_embeddings: bool = False
+  """When the tokenizer has no usable pad token (GPT-2) or `pad_token` is new, add it and grow
+  the embedding (and an untied LM head) of the policy and of the reward and value models that
+  read its ids, new rows initialised to the mean row (`jax_ppo.models.resize_token_embeddings`).
+  False: such a tokenizer is an error naming this switch."""
   dtype: str = "float32"
   """Compute dtype of every model: "float32", "bfloat16" or "float16" (weights stay float32)."""
   updates_per_run: int | None = None
@@ -137,8 +155,8 @@ class RunConfig:
       raise ValueError(
           "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
           "SequenceClassification folder) or reward_function (one of "
-          f"{', '.join(REWARD_FUNCTIONS)}); got reward_model_path={self.reward_model_path!r}, "
-          f"reward_function={self.reward_function!r}."
+          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}); got "
+          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}."
       )
     if self.reward_function is not None:
       parse_reward_function(self.reward_function)
@@ -146,6 +164,10 @@ class RunConfig:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.dtype not in DTYPES:
       bad("dtype", f"choose one of {list(DTYPES)}")
+    if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
+      bad("pad_token", "give a token string of the policy's vocabulary, or null")
+    if not isinstance(self.resize_embeddings, bool):
+      bad("resize_embeddings", "use true or false")
     if self.updates_per_run is not None and (
         not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
       bad("updates_per_run", "use an int >= 1 or null")
@@ -183,6 +205,8 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
   if len(files) > 1:
     raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
   data = read_config_file(files[0]) if files else {}
+  if files:
+    check_keys(RunConfig, data, source=f"Config file {files[0]!r}")
   data = apply_overrides(RunConfig, data, overrides)
   preset = data.get("preset")
   if preset is not None:
@@ -198,6 +222,10 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
 
 def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
   """The `RunConfig` a run folder was trained with (its `config.yaml`)."""
+  if not pathlib.Path(run_dir).is_dir():
+    raise FileNotFoundError(
+        f"Run folder {str(run_dir)!r} does not exist; pass the run_dir of a `jax-ppo train` run."
+    )
   path = pathlib.Path(run_dir) / CONFIG_FILENAME
   if not path.is_file():
     raise FileNotFoundError(
@@ -210,31 +238,114 @@ def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
 # ---- rewards and prompts -------------------------------------------------------------------------
 
 
+MODULE_REWARD = "package.module:function"
+"""The third kind of `RunConfig.reward_function`: a Python function of texts,
+`fn(prompts: list[str], responses: list[str]) -> sequence of B floats`, imported from an
+installed (or PYTHONPATH) module. Only the named module is imported (`importlib.import_module`;
+nothing in the string is evaluated), the function must be defined in it (or a submodule), and
+standard-library and jax_ppo modules are refused. A config naming a module runs that module's code
+on import: treat such configs like code."""
+
+
+def _is_dotted_identifier(text: str) -> bool:
+  return bool(text) and all(part.isidentifier() and not keyword.iskeyword(part)
+                            for part in text.split("."))
+
+
 def parse_reward_function(spec: str) -> tuple[str, str | None]:
-  """`"count:good"` -> `("count", "good")`; raises ValueError for an unknown name."""
+  """`"count:good"` -> `("count", "good")`, `"pkg.mod:fn"` -> `("pkg.mod", "fn")`.
+
+  Only the syntax is checked (nothing is imported): built-in names first (`REWARD_FUNCTIONS`),
+  then `package.module:function` with identifiers only.
+
+  Raises:
+    ValueError: naming the spec and listing the accepted forms.
+  """
   if not isinstance(spec, str):
     raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: give a name.")
   name, sep, arg = spec.partition(":")
   names = {k.partition(":")[0]: ":" in k for k in REWARD_FUNCTIONS}
-  if name not in names:
+  if name in names:
+    if names[name] != bool(sep) or (sep and not arg):
+      usage = next(k for k in REWARD_FUNCTIONS if k.partition(":")[0] == name)
+      raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: write it as {usage!r}.")
+    return name, (arg if sep else None)
+  if sep and _is_dotted_identifier(name) and arg.isidentifier() and not keyword.iskeyword(arg):
+    if arg.startswith("__"):
+      raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: {arg!r} is a special "
+                       "attribute, not a reward function; name a function defined in the module.")
+    return name, arg
+  raise ValueError(
+      f"RunConfig.reward_function={spec!r} is invalid: unknown reward function {name!r}; "
+      f"choose one of {', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD} (identifiers only, "
+      "e.g. my_rewards.sentiment:score), or give reward_model_path instead."
+  )
+
+
+def import_reward_function(spec: str) -> Callable[[list, list], Any]:
+  """Imports the function named by a `"package.module:function"` reward spec.
+
+  Imports exactly the named module (its parent packages are imported by Python as usual), with
+  the `sys.path` as it is: the working directory or the config's folder is not added. Nothing in
+  the spec is evaluated.
+
+  Raises:
+    ValueError: a built-in spec, a standard-library or jax_ppo module, a module that does not
+      import, a missing attribute, a function defined in another module, or a non-callable.
+  """
+  module_name, function = parse_reward_function(spec)
+  where = f"RunConfig.reward_function={spec!r} is invalid"
+  if module_name in {k.partition(":")[0] for k in REWARD_FUNCTIONS}:
+    raise ValueError(f"{where}: it is a built-in reward, not a module function.")
+  top = module_name.partition(".")[0]
+  if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "jax_ppo":
     raise ValueError(
-        f"RunConfig.reward_function={spec!r} is invalid: unknown reward function {name!r}; "
-        f"choose one of {', '.join(REWARD_FUNCTIONS)}, or give reward_model_path instead."
+        f"{where}: {module_name!r} is a {'jax_ppo' if top == 'jax_ppo' else 'standard-library'} "
+        f"module, not a reward function module; write fn(prompts, responses) -> scores in your "
+        "own module and name it as package.module:function."
     )
-  if names[name] != bool(sep) or (sep and not arg):
-    usage = next(k for k in REWARD_FUNCTIONS if k.partition(":")[0] == name)
-    raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: write it as {usage!r}.")
-  return name, (arg if sep else None)
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    raise ValueError(
+        f"{where}: no module named {e.name!r}; install the package, or put its folder on "
+        "PYTHONPATH (the working directory is not searched by the jax-ppo command)."
+    ) from None
+  except Exception as e:
+    raise ValueError(f"{where}: importing {module_name!r} failed with {type(e).__name__}: "
+                     f"{e}.") from e
+  if not hasattr(module, function):
+    public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                    and not isinstance(v, type) and getattr(v, "__module__", None) == module_name)
+    close = difflib.get_close_matches(function, public, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+                     f"has no attribute {function!r}{hint}; its functions: {public or 'none'}.")
+  fn = getattr(module, function)
+  if isinstance(fn, type) or not callable(fn):
+    raise ValueError(f"{where}: {module_name}.{function} is a {type(fn).__name__}, not a "
+                     "function; name a function fn(prompts, responses) -> scores.")
+  defined_in = getattr(fn, "__module__", None) or type(fn).__module__
+  if defined_in != module_name and not str(defined_in).startswith(module_name + "."):
+    raise ValueError(
+        f"{where}: {function!r} is defined in {defined_in!r}, not in {module_name!r} (it is "
+        f"imported there); name the module that defines it ({defined_in}:{function})."
+    )
+  return fn
 
 
-def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer:
-  """The jittable scorer of a built-in reward (`REWARD_FUNCTIONS`)."""
+def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer | FunctionScorer:
+  """The scorer of a `RunConfig.reward_function`: a built-in (`REWARD_FUNCTIONS`, a jittable
+  `TokenScorer`) or a `package.module:function` (`import_reward_function`, a `FunctionScorer` on
+  the decoded texts)."""
   name, arg = parse_reward_function(spec)
+  if name not in {k.partition(":")[0] for k in REWARD_FUNCTIONS}:
+    return FunctionScorer(import_reward_function(spec), tokenizer=tokenizer, name=spec)
   if name == "length":
     def length(prompt_ids, prompt_mask, response_ids, response_mask):
       return jnp.sum(response_mask, axis=1).astype(jnp.float32)
 
-    return TokenScorer(length)
+    return TokenScorer(length, name=spec)
   vocab = tokenizer.get_vocab() if tokenizer is not None else {}
   if arg in vocab:
     token_id = int(vocab[arg])
@@ -252,7 +363,7 @@ def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer:
   def count(prompt_ids, prompt_mask, response_ids, response_mask):
     return jnp.sum((response_ids == token_id) & response_mask, axis=1).astype(jnp.float32)
 
-  return TokenScorer(count)
+  return TokenScorer(count, name=spec)
 
 
 _PROMPT_FORMATS = ('a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or '
@@ -271,24 +382,43 @@ def check_prompts_file(path: str | os.PathLike, *, field: str) -> pathlib.Path:
 
 
 def load_prompts(
-    path: str | os.PathLike, tokenizer: Any, *, seed: int = 0, field: str = "RunConfig.prompts_path"
+    path: str | os.PathLike,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    field: str = "RunConfig.prompts_path",
+    max_tokens: int | None = None,
 ) -> PromptDataset:
   """Reads and tokenizes a prompts file (.txt: one per line; .jsonl: "prompt" or "messages").
 
+  Blank lines are skipped; every other line is one prompt.
+
   Args:
-    path: the file.
+    path: the file (UTF-8).
     tokenizer: the policy's tokenizer (its chat template renders "messages").
     seed: shuffling seed of the dataset.
     field: how error messages name the path (the config field or the CLI flag).
+    max_tokens: the longest prompt allowed (the policy's context `max_position_embeddings` minus
+      `max_new_tokens`); None does not check.
 
   Raises:
-    FileNotFoundError / ValueError: naming `field`, the line and the fix.
+    FileNotFoundError / ValueError: naming `field`, the file, the line and the fix: no prompts,
+      bytes that are not UTF-8, invalid JSON, a record without "prompt"/"messages", an empty
+      prompt, or a prompt longer than `max_tokens`.
   """
   path = check_prompts_file(path, field=field)
   suffix = path.suffix.lower()
+  where = f"{field}={str(path)!r}"
   ids: list[list[int]] = []
   texts: list[str] = []
-  for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+  for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(
+          f"{where}, line {number}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
+          f"column {e.start + 1}); save the file as UTF-8."
+      ) from None
     if not line.strip():
       continue
     if suffix == ".txt":
@@ -297,27 +427,72 @@ def load_prompts(
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{field}={str(path)!r}, line {number}: invalid JSON ({e}).") from None
-      if isinstance(record, dict) and isinstance(record.get("prompt"), str):
-        text = record["prompt"]
-      elif isinstance(record, dict) and isinstance(record.get("messages"), list):
-        row = encode_chat(tokenizer, [record["messages"]])[0]
-        ids.append(row)
-        texts.append(tokenizer.decode(row))
-        continue
-      else:
+        raise ValueError(f"{where}, line {number}, column {e.colno}: invalid JSON ({e.msg}); "
+                         "write one JSON object per line.") from None
+      if not isinstance(record, dict):
         raise ValueError(
-            f"{field}={str(path)!r}, line {number}: expected an object with a \"prompt\" string "
-            f"or a \"messages\" list, got {line[:80]!r}."
+            f"{where}, line {number}: expected an object with a \"prompt\" string or a "
+            f"\"messages\" list, got {line[:80]!r}."
         )
-    ids.append(list(tokenizer(text)["input_ids"]))
+      if isinstance(record.get("messages"), list) and "prompt" not in record:
+        if not record["messages"]:
+          raise ValueError(f"{where}, line {number}: \"messages\" is empty; give at least one "
+                           "message.")
+        row = encode_chat(tokenizer, [record["messages"]])[0]
+        text = tokenizer.decode(row)
+      elif isinstance(record.get("prompt"), str):
+        text, row = record["prompt"], None
+      elif "prompt" in record or "messages" in record:
+        key = "prompt" if "prompt" in record else "messages"
+        want = "a string" if key == "prompt" else "a list of {\"role\", \"content\"} objects"
+        raise ValueError(f"{where}, line {number}: \"{key}\" must be {want}, got "
+                         f"{record[key]!r:.60} ({type(record[key]).__name__}).")
+      else:
+        keys = [str(k) for k in record]
+        close = difflib.get_close_matches("prompt", keys, n=1, cutoff=0.5)
+        hint = f"; rename {close[0]!r} to \"prompt\"" if close else ""
+        raise ValueError(
+            f"{where}, line {number}: expected an object with a \"prompt\" string or a "
+            f"\"messages\" list, got keys {keys}{hint} ({line[:80]!r})."
+        )
+      if row is not None:
+        _check_prompt(row, where, number, max_tokens)
+        ids.append(row)
+        texts.append(text)
+        continue
+    if not text.strip():
+      raise ValueError(f"{where}, line {number}: the prompt is empty; give some text or remove "
+                       "the line.")
+    row = list(tokenizer(text)["input_ids"])
+    _check_prompt(row, where, number, max_tokens)
+    ids.append(row)
     texts.append(text)
   if not ids:
-    raise ValueError(f"{field}={str(path)!r} holds no prompts; give {_PROMPT_FORMATS}.")
-  empty = [i for i, row in enumerate(ids) if not row]
-  if empty:
-    raise ValueError(f"{field}={str(path)!r}: prompt {empty[0]} tokenizes to nothing.")
+    raise ValueError(f"{where} holds no prompts; give {_PROMPT_FORMATS}.")
   return PromptDataset(ids, texts=texts, seed=seed)
+
+
+def _check_prompt(row: list[int], where: str, number: int, max_tokens: int | None) -> None:
+  if not row:
+    raise ValueError(f"{where}, line {number}: the prompt tokenizes to no tokens; give text the "
+                     "policy's tokenizer can encode.")
+  if max_tokens is not None and len(row) > max_tokens:
+    raise ValueError(
+        f"{where}, line {number}: the prompt has {len(row)} tokens, more than the "
+        f"{max_tokens} that fit (the policy's context minus ppo.max_new_tokens); shorten it or "
+        "lower ppo.max_new_tokens."
+    )
+
+
+def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
+  """Tokens a prompt may have: the context `max_position_embeddings` minus `max_new_tokens`."""
+  budget = int(policy_config.max_position_embeddings) - int(max_new_tokens)
+  if budget < 1:
+    raise ValueError(
+        f"PPOConfig.max_new_tokens={max_new_tokens} leaves no room for a prompt in the policy's "
+        f"context of {policy_config.max_position_embeddings} tokens; lower ppo.max_new_tokens."
+    )
+  return budget
 
 
 def _has_tokenizer(path: str) -> bool:
@@ -336,6 +511,16 @@ def _check_folder(field: str, path: str | None) -> None:
 # ---- building and running ------------------------------------------------------------------------
 
 
+def _grow_vocab(config: RunConfig, model: Any, num_tokens: int, what: str) -> None:
+  """With `resize_embeddings`, grows `model` to `num_tokens` ids when its tokenizer has more
+  (a new pad token); otherwise `check_vocab_covers` reports the mismatch."""
+  old = model.config.vocab_size
+  if config.resize_embeddings and num_tokens > old:
+    resize_token_embeddings(model, num_tokens)
+    logger.info("resize_embeddings: grew the %s's vocabulary from %d to %d ids (new rows are "
+                "the mean embedding).", what, old, num_tokens)
+
+
 def build_trainer(
     config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
 ) -> PPOTrainer:
@@ -352,8 +537,14 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
-  tokenizer = load_tokenizer(config.policy_path)
+  policy_eos = load_config(config.policy_path).eos_token_ids
+  # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
+  tokenizer = load_tokenizer(
+      config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
+      extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
+  )
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32)
+  _grow_vocab(config, policy, len(tokenizer), "policy")
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
@@ -361,6 +552,12 @@ def build_trainer(
       i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
       if i is not None and i != tokenizer.pad_token_id
   ))
+  outside = [i for i in stop_ids if not 0 <= i < policy.config.vocab_size]
+  if outside:
+    raise ValueError(
+        f"RunConfig.ppo.stop_token_ids={tuple(stop_ids)}: id(s) {outside} are outside the "
+        f"policy's vocabulary of {policy.config.vocab_size} tokens; give ids of its tokenizer."
+    )
   ppo = dataclasses.replace(config.ppo, pad_token_id=tokenizer.pad_token_id,
                             stop_token_ids=tuple(stop_ids))
 
@@ -368,12 +565,16 @@ def build_trainer(
   if config.reward_model_path is not None:
     reward_model = load_scalar_model(config.reward_model_path, dtype=dtype,
                                      param_dtype=jnp.float32)
-    reward_tokenizer = (load_tokenizer(config.reward_model_path)
+    # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
+    reward_tokenizer = (load_tokenizer(config.reward_model_path,
+                                       add_pad_token=config.resize_embeddings, require_pad=False)
                         if _has_tokenizer(config.reward_model_path) else None)
+    reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
+    _grow_vocab(config, reward_model, reward_vocab, "reward model")
     scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
-                               reward_tokenizer=reward_tokenizer)
-    if not scorer.retokenize:
-      check_vocab_covers(tokenizer, reward_model.config)
+                               reward_tokenizer=reward_tokenizer,
+                               max_length=reward_model.config.max_position_embeddings)
+    check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
     if ppo.uses_critic and config.value_model_path is None:
       if scorer.retokenize:
         logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
@@ -386,12 +587,14 @@ def build_trainer(
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
                                       param_dtype=jnp.float32)
+      _grow_vocab(config, value_model, len(tokenizer), "value model")
       check_vocab_covers(tokenizer, value_model.config)
     else:
       logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",
                      ppo.advantage_mode)
   if prompts is None:
-    prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed)
+    prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
+                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens))
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
@@ -448,7 +651,9 @@ def evaluate_run(
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
   trainer = _bare_trainer(config)
-  prompts = load_prompts(prompts_path, trainer.tokenizer, field="--prompts")
+  prompts = load_prompts(
+      prompts_path, trainer.tokenizer, field="--prompts",
+      max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
   metrics, samples = trainer.evaluate_with_samples(prompts.prompts, temperature=temperature,
                                                    seed=seed)
@@ -480,6 +685,7 @@ def export_run(
 
 __all__ = [
     "DTYPES",
+    "MODULE_REWARD",
     "OPERATIONAL_FIELDS",
     "REWARD_FUNCTIONS",
     "RunConfig",
@@ -487,6 +693,7 @@ __all__ = [
     "check_prompts_file",
     "evaluate_run",
     "export_run",
+    "import_reward_function",
     "load_prompts",
     "load_run_config",
     "parse_reward_function",

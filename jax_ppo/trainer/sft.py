@@ -55,7 +55,7 @@ from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import SKIPPED_METRIC, RunLoop, RunOptions, TrainingHistory
-from jax_ppo.trainer.step import make_optimizer
+from jax_ppo.trainer.optim import make_optimizer
 
 Array = jax.Array
 
@@ -177,7 +177,7 @@ def make_sft_optimizer(
     config: SFTConfig, total_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW with global-norm clipping, linear warm-up and decay over `total_steps`
-  (`jax_ppo.trainer.step.make_optimizer`, fed this config's fields)."""
+  (`jax_ppo.trainer.optim.make_optimizer`, fed this config's fields)."""
   if config.warmup_steps > total_steps:
     raise ValueError(
         f"SFTConfig.warmup_steps={config.warmup_steps} is invalid: it exceeds the run's "
@@ -422,6 +422,7 @@ class SFTTrainer:
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=run_config if run_config is not None else config,
         total_steps=self.total_steps, max_consecutive_skips=c.max_consecutive_skips,
+        progress_metrics=(("loss", "train/loss"), ("eval_loss", "eval/loss")), progress_desc="sft",
     )
 
   # -- data ---------------------------------------------------------------------------------

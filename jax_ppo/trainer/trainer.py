@@ -270,18 +270,23 @@ class PPOTrainer:
           f"The checkpoint in {str(checkpointer.directory)!r} has no data position: it was not "
           "written by a PPOTrainer; restore it with RunCheckpointer.restore instead."
       )
-    self.state = state
-    self.data_position = int(extra["data_position"])
-    self.replay.clear()
+    replay = []
     if extra.get("replay"):  # [{field: [shape, dtype]}] per buffered batch, oldest first
-      sharding = self.state.step.sharding
+      sharding = state.step.sharding
       like = [
           Batch(**{k: jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
                    for k, (shape, dtype) in layout.items()})
           for layout in extra["replay"]
       ]
-      restored = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})
-      self.replay.extend(restored["replay"])
+      replay = checkpointer.restore_arrays(int(extra["step"]), like={"replay": like})["replay"]
+    elif self.config.replay_buffer_size and "replay" not in extra:
+      logger.warning("The checkpoint of step %s predates replay-buffer checkpoints: the buffer "
+                     "restarts empty, so this run resumes close to, not exactly like, an "
+                     "uninterrupted one.", extra.get("step"))
+    self.state = state
+    self.data_position = int(extra["data_position"])
+    self.replay.clear()
+    self.replay.extend(replay)
     if extra.get("replay_rng") is not None:
       self._replay_rng.bit_generator.state = _rng_state(extra["replay_rng"], encode=False)
     self.last_rollout = self.last_scores = self.last_prompt_texts = None
@@ -402,6 +407,7 @@ class PPOTrainer:
         policy_params=self._param_counts[0], critic_params=self._param_counts[1],
         reward_params=self._param_counts[2], batch=c.batch_size, prompt_len=prompt_len,
         response_len=c.max_new_tokens, epochs=c.ppo_epochs,
+        fused_first_epoch=self.steps.fuses_first_epoch,
     )
     total = t_end - t_start
     metrics.update({

@@ -10,7 +10,9 @@ from flax import struct
 
 from jax_ppo.checkpoint import (
     CheckpointConfigMismatch,
+    CheckpointCorrupt,
     CheckpointError,
+    CheckpointStructureMismatch,
     RunCheckpointer,
     config_differences,
 )
@@ -136,16 +138,18 @@ def test_unreadable_or_missing_checkpoints_raise_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match=r"No checkpoint of step 5 .* available steps: "
                                               r"\[1, 2\]"):
       ckpt.restore(5, like=_state())
-    with pytest.raises(CheckpointError, match="(?s)Cannot read checkpoint step 2.*restore with the "
-                                              "setup that wrote it"):
+    with pytest.raises(CheckpointStructureMismatch, match="(?s)step 2 .*w: saved <missing>, "
+                                                          "expected float32\\[3\\].*restore "
+                                                          "with the setup that wrote it"):
       ckpt.restore(like={"w": jnp.zeros(3)})  # another structure (another model)
   for f in (tmp_path / "run" / "2" / "state").rglob("*"):
     if f.is_file():
       f.write_bytes(b"garbage")
   with RunCheckpointer(tmp_path / "run", read_only=True) as ckpt:
-    with pytest.raises(CheckpointError, match=r"(?s)Cannot read checkpoint step 2 .*Nothing was "
-                                              r"changed.*restore another step \(\[1\]\)"):
-      ckpt.restore(like=_state())
+    with pytest.raises(CheckpointCorrupt, match=r"(?s)Checkpoint step 2 .* is damaged: .*state: "
+                                                r".*Nothing was changed.*restore an earlier "
+                                                r"step \(\[1\]\)"):
+      ckpt.restore(2, like=_state())
     assert ckpt.steps() == [1, 2]  # nothing deleted
     _assert_same(ckpt.restore(1, like=_state())[0], _state(1))
     with pytest.raises(CheckpointError, match="read-only"):

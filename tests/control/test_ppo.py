@@ -72,8 +72,37 @@ def test_config_divisibility_message_gives_the_fix():
     ControlPPOConfig(num_minibatches=3)
 
 
+@pytest.mark.slow  # three small compiled runs, ~20 s on two cores
 def test_value_clip_can_be_disabled():
-  assert ControlPPOConfig(value_clip_eps=None).value_clip_eps is None
+  """`value_clip_eps=None` trains with the plain squared error; a clip range changes training.
+
+  Three tiny runs from the same key: without clipping, with a clip range so wide that it never
+  binds (the clipped formula then equals the squared error), and with a range so narrow that the
+  critic's values leave it after the first step. The first two must train identically and never
+  report a clipped token; the narrow one must clip and train differently.
+  """
+  tiny = dict(total_timesteps=96, num_envs=2, num_steps=16, num_minibatches=2, hidden_sizes=(8,),
+              lr=1e-2, anneal_lr=False)
+  runs = {}
+  for eps in (None, 1e9, 1e-3):
+    params, metrics = jax.jit(make_train(ControlPPOConfig(value_clip_eps=eps, **tiny)))(
+        jax.random.key(0)
+    )
+    runs[eps] = (jax.tree.map(np.asarray, params), jax.device_get(metrics))
+  (p_off, m_off), (p_wide, m_wide), (p_narrow, m_narrow) = runs[None], runs[1e9], runs[1e-3]
+
+  np.testing.assert_array_equal(m_off["value_clipfrac"], 0.0)
+  np.testing.assert_array_equal(m_wide["value_clipfrac"], 0.0)
+  for name in ("value_loss", "policy_loss", "loss"):
+    np.testing.assert_allclose(m_off[name], m_wide[name], rtol=1e-5, err_msg=name)
+  for a, b in zip(jax.tree.leaves(p_off), jax.tree.leaves(p_wide), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+  assert np.all(m_narrow["value_clipfrac"] > 0.5), m_narrow["value_clipfrac"]
+  # The first update's first step starts at the rollout's values, later steps see clipped ones.
+  assert not np.allclose(m_narrow["value_loss"], m_off["value_loss"], rtol=1e-3)
+  assert max(float(np.max(np.abs(a - b))) for a, b in zip(
+      jax.tree.leaves(p_off), jax.tree.leaves(p_narrow), strict=True)) > 1e-3
 
 
 def test_continuous_action_env_is_rejected():

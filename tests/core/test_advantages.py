@@ -37,7 +37,7 @@ DISCOUNTS = (0.0, 0.5, 0.9, 1.0)
 
 
 def ref_gae(rewards, values, mask, gamma, lam):
-  """The recursion of API.md, reading rewards and values only at valid tokens."""
+  """The recursion of docs/core_api.md, reading rewards and values only at valid tokens."""
   b, t = mask.shape
   valid = np.asarray(mask) != 0
   adv = np.zeros((b, t))

@@ -4,10 +4,15 @@ optional W&B and the progress bar."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import inspect
 import json
 import logging
 import math
+import pathlib
 import struct
+import subprocess
 import sys
 import threading
 import types
@@ -239,12 +244,85 @@ def test_wandb_receives_metrics_when_installed(tmp_path, monkeypatch):
   ]
 
 
-def test_wandb_is_not_imported_unless_enabled(tmp_path, monkeypatch):
-  def fail(**kwargs):
-    raise AssertionError("wandb.init called")
+class _WandbWatch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+  """A meta-path hook that counts every `import wandb` and serves `module` for it.
 
-  monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=fail))
-  MetricsLogger(tmp_path, tensorboard=False).close()
+  Placed first on `sys.meta_path`, it sees the import before any real `wandb` could be found, so
+  the tests behave the same whether or not W&B is installed, and never touch the network.
+  """
+
+  def __init__(self, module: types.ModuleType):
+    self.module = module
+    self.imports = 0
+
+  def find_spec(self, name, path=None, target=None):
+    if name != "wandb":
+      return None
+    self.imports += 1
+    return importlib.util.spec_from_loader(name, self)
+
+  def create_module(self, spec):
+    return self.module
+
+  def exec_module(self, module):
+    pass
+
+
+def _watch_wandb(monkeypatch) -> tuple[_WandbWatch, list]:
+  """Removes any imported `wandb` and installs a `_WandbWatch` serving a fake module whose
+  `init` records its keyword arguments and returns a run recording `log`/`finish` calls."""
+  calls = []
+
+  class FakeRun:
+    def log(self, data, step):
+      calls.append(("log", data, step))
+
+    def finish(self):
+      calls.append(("finish",))
+
+  fake = types.ModuleType("wandb")
+  fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeRun()
+  watch = _WandbWatch(fake)
+  monkeypatch.delitem(sys.modules, "wandb", raising=False)
+  monkeypatch.setattr(sys, "meta_path", [watch, *sys.meta_path])
+  return watch, calls
+
+
+def test_wandb_is_not_imported_unless_enabled(tmp_path, monkeypatch):
+  watch, calls = _watch_wandb(monkeypatch)
+  with MetricsLogger(tmp_path, tensorboard=True, progress=True, total_steps=2) as log:
+    log.log(0, {"objective/kl": jnp.float32(0.5)})
+    log.log_samples(0, ["p"], ["r"], [1.0])
+    log.flush()
+  assert watch.imports == 0 and calls == []
+  assert "wandb" not in sys.modules
+  assert [r["step"] for r in read_jsonl(tmp_path / METRICS_FILE)] == [0]
+
+  # The same hook does see the import once W&B is enabled (so the check above can fail).
+  with MetricsLogger(tmp_path / "on", tensorboard=False, wandb=True) as log:
+    log.log(1, {"objective/kl": 0.25})
+  assert watch.imports == 1 and sys.modules["wandb"] is watch.module
+  assert calls == [("init", {"dir": str(tmp_path / "on")}), ("log", {"objective/kl": 0.25}, 1),
+                   ("finish",)]
+
+
+def test_importing_the_logging_package_does_not_import_wandb():
+  """In a fresh interpreter: importing `jax_ppo.logging` and logging without W&B never runs
+  `import wandb` (checked with the same meta-path hook, installed before the import)."""
+  code = "\n".join([
+      "import importlib.abc, importlib.util, sys, tempfile, types",
+      inspect.getsource(_WandbWatch),
+      "watch = _WandbWatch(types.ModuleType('wandb'))",
+      "sys.meta_path.insert(0, watch)",
+      "from jax_ppo.logging import MetricsLogger",
+      "with MetricsLogger(tempfile.mkdtemp(), progress=True, total_steps=1) as log:",
+      "  log.log(0, {'x': 1.0})",
+      "assert watch.imports == 0 and 'wandb' not in sys.modules, watch.imports",
+      "print('ok')",
+  ])
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=pathlib.Path(__file__).resolve().parents[2])
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_progress_bar_shows_reward_and_kl(tmp_path, capsys):

@@ -71,7 +71,7 @@ def test_bf16_logprobs_within_documented_tolerance():
   recomputed = teacher_forced_logprobs(model, rollout, temperature=0.7)
   # bf16 activations and cache: the decode path and the full forward round differently. The
   # documented tolerance (README, rollout section) is 0.1 nats per token on tiny models; PPO
-  # recomputes old log-probs with a teacher-forced pass in that case (RLHF_DETAILS.md item 4).
+  # recomputes old log-probs with a teacher-forced pass in that case (docs/rlhf_details.md item 4).
   err = np.abs(np.asarray(rollout.logprobs - recomputed, np.float32))
   assert err.max() < 0.1, err.max()
 

@@ -182,3 +182,21 @@ def test_a_skip_streak_is_reset_by_a_clean_update_and_none_never_stops():
 def test_max_consecutive_skips_is_validated(value):
   with pytest.raises(ValueError, match="PPOConfig.max_consecutive_skips"):
     PPOConfig(max_consecutive_skips=value)
+
+
+def test_a_non_finite_gradient_with_a_finite_loss_is_skipped_too():
+  """The core's losses keep NaN at padded positions out of both the loss and the gradient, so a
+  finite loss with a non-finite gradient is injected at the optimizer step itself."""
+  trainer = _trainer()
+  state = trainer.state
+  grads = jax.tree.map(jnp.ones_like, state.params)
+  leaf = jax.tree.leaves(grads)[0]
+  bad = jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.inf) if g is leaf else g, grads)
+  apply = jax.jit(trainer.steps._apply_gradients)
+  before = _host(state)
+  skipped_state, m = apply(state, bad, {"loss/total_avg": jnp.float32(0.5)})
+  assert float(m["skipped"]) == 1
+  _equal(_trained(before), _host(_trained(skipped_state)))
+  applied_state, m = apply(state, grads, {"loss/total_avg": jnp.float32(0.5)})
+  assert float(m["skipped"]) == 0 and int(applied_state.opt_steps) == 1
+  _assert_changed(before.policy, _host(applied_state.policy))

@@ -313,7 +313,7 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
     ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0), ("eval_every", -1),
     ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("weight_decay", -0.1),
     ("eos_token_id", 1.5), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
-    ("eval_fraction", 1.0),
+    ("eval_fraction", 1.0), ("max_consecutive_skips", 0),
 ])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
@@ -391,3 +391,20 @@ def test_lora_trains_only_the_adapters_and_the_head():
   trainer.normalise(input_ids=pairs.chosen_ids, attention_mask=pairs.chosen_mask)
   scores = trainer.score(pairs.chosen_ids, pairs.chosen_mask)
   np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=2e-5)
+
+
+def test_consecutive_non_finite_steps_stop_the_run():
+  from jax_ppo.trainer import NonFiniteUpdates
+
+  config = RewardModelConfig(batch_size=4, total_steps=5, eos_token_id=EOS,
+                             max_consecutive_skips=2)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                               train_data=_toy_records(8, 5))
+  start = jax.tree.map(np.asarray, trainer.state.params)
+  trainer.train_pairs = trainer.train_pairs.replace(
+      margin=np.full_like(trainer.train_pairs.margin, np.nan))  # past the data checks
+  with pytest.raises(NonFiniteUpdates, match="max_consecutive_skips=2"):
+    trainer.train()
+  assert trainer.step_count == 2
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b),
+               trainer.state.params, start)

@@ -72,11 +72,30 @@ def test_lora_trains_adapters_only_with_base_as_reference():
 
 
 def test_separate_critic_from_a_reward_model():
+  """The critic is the given model: the policy gets no value head, the rollout's old values are
+  the critic's outputs at the positions that predict each response token (0 on padding), and
+  the update trains the critic's own parameters."""
   critic = ScalarModel(MODEL, head_init="reward", rngs=nnx.Rngs(3))
+  initial = jax.tree.map(np.asarray, nnx.state(critic, nnx.Param))
   trainer = _trainer(_config(), value_model=critic)
+  assert not any("value_head" in str(path) for path, _ in
+                 jax.tree_util.tree_leaves_with_path(trainer.state.policy))
+  jax.tree.map(np.testing.assert_array_equal, initial, jax.tree.map(np.asarray,
+                                                                    trainer.state.value))
+  batch, _ = _experience(trainer)
+  t = batch.response_ids.shape[1]
+  s = batch.input_ids.shape[1] - t
+  expected = np.asarray(critic(batch.input_ids, batch.attention_mask,
+                               positions=batch.positions))[:, s - 1 : s + t - 1]
+  mask = np.asarray(batch.response_mask)
+  np.testing.assert_allclose(np.asarray(batch.old_values)[mask], expected[mask], rtol=1e-5,
+                             atol=1e-6)
+  assert np.all(np.asarray(batch.old_values)[~mask] == 0)
   m = trainer.step()
-  assert trainer.state.value is not None
-  assert np.isfinite(m["loss/value_avg"])
+  assert np.isfinite(m["loss/value_avg"]) and m["loss/value_avg"] > 0
+  moved = jax.tree.map(lambda a, b: bool(np.any(a != np.asarray(b))), initial,
+                       trainer.state.value)
+  assert all(jax.tree.leaves(moved)), "every critic parameter is trained"
 
 
 def test_layer_loops_change_speed_not_the_update():
