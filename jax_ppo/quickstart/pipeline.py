@@ -92,7 +92,12 @@ def run_quickstart(
   policy_hf = timed("ppo", stages.stage_ppo, cfg, out, tok, sft_hf, rm_hf, progress=progress,
                     log=log)
   t0 = time.perf_counter()
-  plots = report.write_plots(out)
+  try:
+    plots = report.write_plots(out)
+  except ImportError as e:  # matplotlib is an optional dependency (the "experiments" extra)
+    plots = []
+    log(f"No plots: {e}. Install matplotlib (pip install 'jax_ppo[experiments]') and run the "
+        "same command again to write them.")
   timings["plots"] = round(time.perf_counter() - t0, 1)
   with (out / "timings.json").open("a") as f:
     f.write(json.dumps({"timings_s": timings, "cpu_s": cpu, "skipped": skipped}) + "\n")
