@@ -245,9 +245,13 @@ def _value(record: Record, field: str) -> Any:
   return record.data.get(field)  # absent and null (a Parquet/datasets column) alike
 
 
-def _missing(record: Record, want: str, field: str, option: str | None) -> ValueError:
+def _missing(record: Record, want: str, field: str, option: str | None,
+             known: Sequence[str] = ()) -> ValueError:
+  """The error of a record without `field`: its keys, the nearest one (not among `known`, the
+  fields already read) and how to rename it."""
   keys = [str(k) for k, v in record.data.items() if v is not None]
-  close = difflib.get_close_matches(field, keys, n=1, cutoff=0.5)
+  spare = [k for k in keys if k not in known]
+  close = difflib.get_close_matches(field, spare, n=1, cutoff=0.5)
   hint = f"; rename {close[0]!r} to \"{field}\"" if close else ""
   if option and close:
     hint += f" (or pass {option}={close[0]!r})"
@@ -306,7 +310,7 @@ def _prompt_record(record: Record, prompt_field: str, messages_field: str,
   if _value(record, messages_field) is not None:
     _messages(record, messages_field)  # raises: not a list
   raise _missing(record, _prompt_want(prompt_field, messages_field), prompt_field,
-                 "prompt_field" if option else None)
+                 "prompt_field" if option else None, (messages_field,))
 
 
 def read_prompt_records(
@@ -406,7 +410,7 @@ def _sft_record(record: Record, prompt_field: str, response_field: str,
   want = _sft_want(prompt_field, response_field, messages_field)
   for field, option in ((prompt_field, "prompt_field"), (response_field, "response_field")):
     if _value(record, field) is None:
-      raise _missing(record, want, field, option)
+      raise _missing(record, want, field, option, (prompt_field, response_field, messages_field))
   return {"prompt": _text(record, prompt_field, "prompt"),
           "response": _text(record, response_field, "response")}
 
@@ -483,7 +487,8 @@ def read_preference_records(
     for field, option in ((prompt_field, "prompt_field"), (chosen_field, "chosen_field"),
                           (rejected_field, "rejected_field")):
       if _value(record, field) is None:
-        raise _missing(record, want, field, option)
+        raise _missing(record, want, field, option,
+                       (prompt_field, chosen_field, rejected_field, margin_field))
     if isinstance(_value(record, prompt_field), list):
       prompt: Any = _messages(record, prompt_field)
     else:
