@@ -101,7 +101,8 @@ def check_data_path(
   if p.is_dir():
     return p
   if not p.is_file():
-    hub = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and not text.startswith(".")
+    hub = re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", text) and p.suffix.lower() not in (
+        *suffixes, ".json", ".csv")
     hint = (" It looks like a Hugging Face Hub id: this reader never downloads; save the dataset "
             "locally first (datasets.load_dataset(...).save_to_disk(DIR)) and give DIR." if hub
             else "")
@@ -117,7 +118,10 @@ def check_data_path(
 def _jsonl(path: pathlib.Path, where: str, text_field: str | None,
            expected: str) -> Iterator[Record]:
   txt = path.suffix.lower() == ".txt"
-  for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+  content = path.read_bytes()
+  if content.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (Windows editors)
+    content = content[3:]
+  for number, raw in enumerate(content.splitlines(), start=1):
     here = f"{where}, line {number}"
     try:
       line = raw.decode("utf-8")

@@ -84,8 +84,9 @@ class RunConfig:
   policy_path: str
   """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
   prompts_path: str
-  """Training prompts: a .txt file (one prompt per line) or a .jsonl file whose objects hold a
-  "prompt" string or chat "messages" (rendered with the tokenizer's chat template)."""
+  """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
+  Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
+  with the tokenizer's chat template)."""
   run_dir: str
   """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
   ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)

@@ -136,8 +136,11 @@ def test_field_names_are_configurable(tmp_path, fmt):
 
 def test_txt_prompts_skip_blank_lines(tmp_path):
   path = tmp_path / "p.txt"
-  path.write_text("the film\n\n  \nthe plot\n", encoding="utf-8")
+  path.write_text("\ufeffthe film\n\n  \nthe plot\n", encoding="utf-8")  # with a BOM
   assert read_prompt_records(path) == [{"prompt": "the film"}, {"prompt": "the plot"}]
+  bom = tmp_path / "bom.jsonl"
+  bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(SFT[0]).encode() + b"\n")
+  assert read_sft_records(bom) == SFT[:1]
   with pytest.raises(ValueError, match=r"unsupported suffix '.txt'"):
     read_records(path)  # a .txt file holds prompts, not records
 
@@ -250,6 +253,9 @@ def test_bad_paths_and_folders(tmp_path):
     read_records("https://x.org/d.jsonl")
   with pytest.raises(FileNotFoundError, match=r"train.jsonl': no such file; give a .jsonl file"):
     read_records(tmp_path / "train.jsonl")
+  with pytest.raises(FileNotFoundError, match=r"'data/train.jsonl': no such file") as e:
+    read_records("data/train.jsonl")
+  assert "Hub id" not in str(e.value)  # a missing local file, not a Hub id
   (tmp_path / "d.csv").write_text("a\n")
   with pytest.raises(ValueError, match=r"d.csv': unsupported suffix '.csv'; give a .jsonl"):
     read_records(tmp_path / "d.csv")
