@@ -111,9 +111,9 @@ def test_mixed_text_and_chat_records_with_nulls(tmp_path, fmt):
       1.5, 0.0]
   chat_prompt = {"prompt": [{"role": "user", "content": "the film"}], "chosen": "good",
                  "rejected": "bad"}
-  if fmt == "jsonl":  # a column is a chat or a string in Parquet, not both
-    assert read_preference_records(_write(tmp_path, fmt, [chat_prompt], "c"))[0]["prompt"] == (
-        chat_prompt["prompt"])
+  # A column is chats or strings in Parquet and datasets, not both: a file of chat prompts.
+  assert read_preference_records(_write(tmp_path, fmt, [chat_prompt], "c"))[0]["prompt"] == (
+      chat_prompt["prompt"])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
