@@ -290,7 +290,9 @@ def _messages(record: Record, field: str, *, last_role: str | None = None) -> li
         m.get("content"), str):
       raise ValueError(f"{record.where}: message {k} of \"{field}\" is {m!r:.60}; each message "
                        "is {\"role\": str, \"content\": str}.")
-    out.append({"role": m["role"], "content": m["content"]})
+    # Other keys (e.g. "name") stay for the chat template; nulls are fields of other messages
+    # in a Parquet/datasets column of structs.
+    out.append({key: v for key, v in m.items() if v is not None})
   if last_role is not None and out[-1]["role"] != last_role:
     raise ValueError(f"{record.where}: the last message of \"{field}\" has role "
                      f"{out[-1]['role']!r}; it must be the {last_role}'s response that SFT "

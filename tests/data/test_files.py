@@ -40,7 +40,8 @@ SFT = [
     {"prompt": "the film", "response": " was not bad"},
 ]
 CHATS = [
-    {"messages": [{"role": "user", "content": "the film"},
+    {"messages": [{"role": "system", "content": "the film", "name": "very"},
+                  {"role": "user", "content": "the film"},
                   {"role": "assistant", "content": "was good"}]},
     {"messages": [{"role": "user", "content": "the plot"},
                   {"role": "assistant", "content": "was very dull"}]},
