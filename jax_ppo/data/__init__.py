@@ -1,5 +1,28 @@
-"""Data: prompt datasets with a deterministic, resumable order."""
+"""Data: prompt datasets with a deterministic, resumable order, SFT examples, and records read
+from JSONL / Parquet files or local Hugging Face `datasets` folders."""
 
+from jax_ppo.data.files import (
+    Record,
+    check_data_path,
+    iter_records,
+    read_preference_records,
+    read_prompt_records,
+    read_prompts,
+    read_records,
+    read_sft_examples,
+    read_sft_records,
+)
 from jax_ppo.data.prompts import PromptDataset
 
-__all__ = ["PromptDataset"]
+__all__ = [
+    "PromptDataset",
+    "Record",
+    "check_data_path",
+    "iter_records",
+    "read_preference_records",
+    "read_prompt_records",
+    "read_prompts",
+    "read_records",
+    "read_sft_examples",
+    "read_sft_records",
+]

@@ -37,12 +37,12 @@ from jax_ppo.config_io import (
     config_from_dict,
     read_config_file,
 )
+from jax_ppo.data.files import PROMPT_FORMATS, PROMPT_SUFFIXES, check_data_path, read_prompts
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.models import (
     LoRAConfig,
     add_lora,
     check_vocab_covers,
-    encode_chat,
     from_pretrained,
     load_config,
     load_scalar_model,
@@ -76,8 +76,6 @@ OPERATIONAL_FIELDS = (
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
 
-PROMPT_SUFFIXES = (".txt", ".jsonl")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
@@ -86,8 +84,9 @@ class RunConfig:
   policy_path: str
   """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
   prompts_path: str
-  """Training prompts: a .txt file (one prompt per line) or a .jsonl file whose objects hold a
-  "prompt" string or chat "messages" (rendered with the tokenizer's chat template)."""
+  """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
+  Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
+  with the tokenizer's chat template)."""
   run_dir: str
   """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
   ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
@@ -366,19 +365,10 @@ def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer | FunctionS
   return TokenScorer(count, name=spec)
 
 
-_PROMPT_FORMATS = ('a .txt file (one prompt per line) or a .jsonl file ({"prompt": ...} or '
-                   '{"messages": [...]} per line)')
-
-
 def check_prompts_file(path: str | os.PathLike, *, field: str) -> pathlib.Path:
-  """The prompts file as a path; FileNotFoundError/ValueError naming `field` when unusable."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"{field}={str(path)!r}: no such file; give {_PROMPT_FORMATS}.")
-  if path.suffix.lower() not in PROMPT_SUFFIXES:
-    raise ValueError(f"{field}={str(path)!r}: unsupported suffix {path.suffix!r}; give "
-                     f"{_PROMPT_FORMATS}.")
-  return path
+  """The prompts file or folder as a path; FileNotFoundError/ValueError naming `field` when
+  unusable (see `jax_ppo.data.files.check_data_path`)."""
+  return check_data_path(path, name=field, suffixes=PROMPT_SUFFIXES, formats=PROMPT_FORMATS)
 
 
 def load_prompts(
@@ -389,12 +379,11 @@ def load_prompts(
     field: str = "RunConfig.prompts_path",
     max_tokens: int | None = None,
 ) -> PromptDataset:
-  """Reads and tokenizes a prompts file (.txt: one per line; .jsonl: "prompt" or "messages").
-
-  Blank lines are skipped; every other line is one prompt.
+  """Reads and tokenizes prompts: a .txt file (one per line), or a .jsonl or .parquet file or a
+  local `datasets` folder with "prompt" or "messages" records (`jax_ppo.data.read_prompts`).
 
   Args:
-    path: the file (UTF-8).
+    path: the file (UTF-8) or folder.
     tokenizer: the policy's tokenizer (its chat template renders "messages").
     seed: shuffling seed of the dataset.
     field: how error messages name the path (the config field or the CLI flag).
@@ -402,86 +391,14 @@ def load_prompts(
       `max_new_tokens`); None does not check.
 
   Raises:
-    FileNotFoundError / ValueError: naming `field`, the file, the line and the fix: no prompts,
-      bytes that are not UTF-8, invalid JSON, a record without "prompt"/"messages", an empty
-      prompt, or a prompt longer than `max_tokens`.
+    FileNotFoundError / ValueError: naming `field`, the file, the line (or row) and the fix: no
+      prompts, bytes that are not UTF-8, invalid JSON, a record without "prompt"/"messages", an
+      empty prompt, or a prompt longer than `max_tokens`.
   """
-  path = check_prompts_file(path, field=field)
-  suffix = path.suffix.lower()
-  where = f"{field}={str(path)!r}"
-  ids: list[list[int]] = []
-  texts: list[str] = []
-  for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-    try:
-      line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(
-          f"{where}, line {number}: not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at "
-          f"column {e.start + 1}); save the file as UTF-8."
-      ) from None
-    if not line.strip():
-      continue
-    if suffix == ".txt":
-      text = line
-    else:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}, line {number}, column {e.colno}: invalid JSON ({e.msg}); "
-                         "write one JSON object per line.") from None
-      if not isinstance(record, dict):
-        raise ValueError(
-            f"{where}, line {number}: expected an object with a \"prompt\" string or a "
-            f"\"messages\" list, got {line[:80]!r}."
-        )
-      if isinstance(record.get("messages"), list) and "prompt" not in record:
-        if not record["messages"]:
-          raise ValueError(f"{where}, line {number}: \"messages\" is empty; give at least one "
-                           "message.")
-        row = encode_chat(tokenizer, [record["messages"]])[0]
-        text = tokenizer.decode(row)
-      elif isinstance(record.get("prompt"), str):
-        text, row = record["prompt"], None
-      elif "prompt" in record or "messages" in record:
-        key = "prompt" if "prompt" in record else "messages"
-        want = "a string" if key == "prompt" else "a list of {\"role\", \"content\"} objects"
-        raise ValueError(f"{where}, line {number}: \"{key}\" must be {want}, got "
-                         f"{record[key]!r:.60} ({type(record[key]).__name__}).")
-      else:
-        keys = [str(k) for k in record]
-        close = difflib.get_close_matches("prompt", keys, n=1, cutoff=0.5)
-        hint = f"; rename {close[0]!r} to \"prompt\"" if close else ""
-        raise ValueError(
-            f"{where}, line {number}: expected an object with a \"prompt\" string or a "
-            f"\"messages\" list, got keys {keys}{hint} ({line[:80]!r})."
-        )
-      if row is not None:
-        _check_prompt(row, where, number, max_tokens)
-        ids.append(row)
-        texts.append(text)
-        continue
-    if not text.strip():
-      raise ValueError(f"{where}, line {number}: the prompt is empty; give some text or remove "
-                       "the line.")
-    row = list(tokenizer(text)["input_ids"])
-    _check_prompt(row, where, number, max_tokens)
-    ids.append(row)
-    texts.append(text)
-  if not ids:
-    raise ValueError(f"{where} holds no prompts; give {_PROMPT_FORMATS}.")
-  return PromptDataset(ids, texts=texts, seed=seed)
-
-
-def _check_prompt(row: list[int], where: str, number: int, max_tokens: int | None) -> None:
-  if not row:
-    raise ValueError(f"{where}, line {number}: the prompt tokenizes to no tokens; give text the "
-                     "policy's tokenizer can encode.")
-  if max_tokens is not None and len(row) > max_tokens:
-    raise ValueError(
-        f"{where}, line {number}: the prompt has {len(row)} tokens, more than the "
-        f"{max_tokens} that fit (the policy's context minus ppo.max_new_tokens); shorten it or "
-        "lower ppo.max_new_tokens."
-    )
+  return read_prompts(
+      check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
+      max_tokens=max_tokens, max_tokens_note=" (the policy's context minus ppo.max_new_tokens)",
+      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False)
 
 
 def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
