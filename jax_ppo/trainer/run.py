@@ -21,6 +21,7 @@ import importlib
 import json
 import keyword
 import logging
+import math
 import os
 import pathlib
 import sys
@@ -53,7 +54,12 @@ from jax_ppo.models import (
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.monitor import MonitorConfig
 from jax_ppo.trainer.presets import PRESETS, preset_overrides
-from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
+from jax_ppo.trainer.rewards import (
+    CombinedScorer,
+    FunctionScorer,
+    RewardModelScorer,
+    TokenScorer,
+)
 from jax_ppo.trainer.trainer import PPOTrainer, RunOptions
 
 logger = logging.getLogger("jax_ppo.run")
@@ -80,6 +86,61 @@ PROMPT_SUFFIXES = (".txt", ".jsonl")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardSource:
+  """One term of a combined reward (`RunConfig.rewards`): exactly one of `function` and
+  `model_path`, times `weight`. Its raw score is logged as `reward/<name>`."""
+
+  function: str | None = None
+  """A built-in (`REWARD_FUNCTIONS`) or "package.module:function" (`MODULE_REWARD`)."""
+  model_path: str | None = None
+  """Hugging Face `*ForSequenceClassification` folder (one label) of a reward model."""
+  weight: float = 1.0
+  """Multiplier of this source's raw score in the sum (negative: a penalty)."""
+  name: str | None = None
+  """Metric name (`reward/<name>`); default: the function spec, or "reward_model" (then
+  "reward_model_2", ...)."""
+
+  def __post_init__(self):
+    if (self.function is None) == (self.model_path is None):
+      raise ValueError(
+          f"RewardSource needs exactly one of function (one of {', '.join(REWARD_FUNCTIONS)}, "
+          f"or {MODULE_REWARD}) and model_path (a reward-model folder); got "
+          f"function={self.function!r}, model_path={self.model_path!r}."
+      )
+    if self.function is not None:
+      parse_reward_function(self.function)
+    if self.model_path is not None and (not isinstance(self.model_path, str)
+                                        or not self.model_path):
+      raise ValueError(f"RewardSource.model_path={self.model_path!r} is invalid: give a path.")
+    if (isinstance(self.weight, bool) or not isinstance(self.weight, int | float)
+        or not math.isfinite(self.weight)):
+      raise ValueError(f"RewardSource.weight={self.weight!r} is invalid: give a finite number.")
+    if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()
+                                  or any(c.isspace() for c in self.name)):
+      raise ValueError(f"RewardSource.name={self.name!r} is invalid: give a name without "
+                       "spaces, or null.")
+
+
+def reward_source_names(sources: Sequence[RewardSource]) -> list[str]:
+  """The metric names of `sources` (`RewardSource.name`, else a default); unique or an error."""
+  names: list[str] = []
+  models = 0
+  for i, source in enumerate(sources):
+    if source.name is not None:
+      name = source.name
+    elif source.function is not None:
+      name = source.function
+    else:
+      models += 1
+      name = "reward_model" if models == 1 else f"reward_model_{models}"
+    if name in names:
+      raise ValueError(f"RunConfig.rewards[{i}]: the name {name!r} is used twice; set "
+                       f"rewards[{i}].name to a distinct name.")
+    names.append(name)
+  return names
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
   """Everything `run_training` needs; saved as `run_dir/config.yaml`."""
 
@@ -99,6 +160,10 @@ class RunConfig:
   """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
   "package.module:function", a Python `fn(prompts, responses) -> scores` on texts
   (`MODULE_REWARD`)."""
+  rewards: tuple[RewardSource, ...] = ()
+  """Several reward sources combined with weights instead of one of the two fields above, e.g.
+  `[{model_path: runs/rm, weight: 1.0}, {function: "my_rewards:brevity", weight: 0.1}]`; each
+  source's raw score is checked and logged as `reward/<name>` (see `CombinedScorer`)."""
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
   reward model, or a zero-initialised value head on the policy with a reward function."""
@@ -151,13 +216,20 @@ class RunConfig:
     for field in ("policy_path", "prompts_path", "run_dir"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give a path")
-    if (self.reward_model_path is None) == (self.reward_function is None):
+    given = [self.reward_model_path is not None, self.reward_function is not None,
+             bool(self.rewards)]
+    if sum(given) != 1:
       raise ValueError(
           "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
-          "SequenceClassification folder) or reward_function (one of "
-          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}); got "
-          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}."
+          "SequenceClassification folder), reward_function (one of "
+          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}), or rewards (a list of "
+          "{function or model_path, weight} sources); got "
+          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}"
+          f", rewards={list(self.rewards)!r}."
       )
+    if not all(isinstance(r, RewardSource) for r in self.rewards):
+      bad("rewards", "give a list of {function or model_path, weight, name} mappings")
+    reward_source_names(self.rewards)
     if self.reward_function is not None:
       parse_reward_function(self.reward_function)
     if self.preset is not None and self.preset not in PRESETS:
@@ -521,6 +593,23 @@ def _grow_vocab(config: RunConfig, model: Any, num_tokens: int, what: str) -> No
                 "the mean embedding).", what, old, num_tokens)
 
 
+def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
+                         dtype: Any) -> tuple[Any, RewardModelScorer]:
+  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer."""
+  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32)
+  # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
+  reward_tokenizer = (load_tokenizer(path, add_pad_token=config.resize_embeddings,
+                                     require_pad=False)
+                      if _has_tokenizer(path) else None)
+  reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
+  _grow_vocab(config, reward_model, reward_vocab, "reward model")
+  scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
+                             reward_tokenizer=reward_tokenizer,
+                             max_length=reward_model.config.max_position_embeddings)
+  check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
+  return reward_model, scorer
+
+
 def build_trainer(
     config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
 ) -> PPOTrainer:
@@ -562,27 +651,31 @@ def build_trainer(
                             stop_token_ids=tuple(stop_ids))
 
   value_model = None
+  first_model = None  # (reward model, scorer) of the first reward model: the critic's start
   if config.reward_model_path is not None:
-    reward_model = load_scalar_model(config.reward_model_path, dtype=dtype,
-                                     param_dtype=jnp.float32)
-    # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
-    reward_tokenizer = (load_tokenizer(config.reward_model_path,
-                                       add_pad_token=config.resize_embeddings, require_pad=False)
-                        if _has_tokenizer(config.reward_model_path) else None)
-    reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
-    _grow_vocab(config, reward_model, reward_vocab, "reward model")
-    scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
-                               reward_tokenizer=reward_tokenizer,
-                               max_length=reward_model.config.max_position_embeddings)
-    check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
-    if ppo.uses_critic and config.value_model_path is None:
-      if scorer.retokenize:
-        logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
-                       "its copy; using a value head on the policy (or set value_model_path).")
-      else:
-        value_model = value_model_from_reward_model(reward_model)
-  else:
+    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype)
+    scorer = first_model[1]
+  elif config.reward_function is not None:
     scorer = reward_function(config.reward_function, tokenizer)
+  else:
+    sources = []
+    for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
+      if source.model_path is not None:
+        _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
+        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype)
+        first_model = first_model or pair
+        sub = pair[1]
+      else:
+        sub = reward_function(source.function, tokenizer)
+      sources.append((name, sub, source.weight))
+    scorer = CombinedScorer(sources)
+  if first_model is not None and ppo.uses_critic and config.value_model_path is None:
+    reward_model, rm_scorer = first_model
+    if rm_scorer.retokenize:
+      logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
+                     "its copy; using a value head on the policy (or set value_model_path).")
+    else:
+      value_model = value_model_from_reward_model(reward_model)
   if config.value_model_path is not None:
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
@@ -688,6 +781,7 @@ __all__ = [
     "MODULE_REWARD",
     "OPERATIONAL_FIELDS",
     "REWARD_FUNCTIONS",
+    "RewardSource",
     "RunConfig",
     "build_trainer",
     "check_prompts_file",
@@ -698,6 +792,7 @@ __all__ = [
     "load_run_config",
     "parse_reward_function",
     "reward_function",
+    "reward_source_names",
     "run_training",
     "saved_run_config",
 ]
