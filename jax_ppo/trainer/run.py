@@ -52,8 +52,9 @@ from jax_ppo.models import (
     value_model_from_reward_model,
 )
 from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.monitor import MonitorConfig
-from jax_ppo.trainer.presets import PRESETS, preset_overrides
+from jax_ppo.trainer.presets import PRESETS, check_against_guide, preset_overrides
 from jax_ppo.trainer.rewards import (
     CombinedScorer,
     FunctionScorer,
@@ -76,8 +77,8 @@ REWARD_FUNCTIONS: Mapping[str, str] = {
 
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
-    "log_samples_every", "tensorboard", "progress", "rollback", "rollback_lr_factor",
-    "max_rollbacks", "monitor",
+    "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
+    "rollback_lr_factor", "max_rollbacks", "monitor",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
@@ -198,6 +199,14 @@ class RunConfig:
   """Write samples to samples.jsonl every this many updates (0: never)."""
   tensorboard: bool = True
   """Write TensorBoard events."""
+  wandb: bool = False
+  """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
+  wandb_init: dict[str, Any] | None = None
+  """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
+  configuration is passed as `config`, the run folder as `dir`."""
+  plots: bool = True
+  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
+  each invocation (also `jax-ppo plot RUN_DIR`)."""
   progress: bool = True
   """Show a progress bar."""
   rollback: bool = False
@@ -253,7 +262,8 @@ class RunConfig:
     return RunOptions(
         save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
         best_mode=self.best_mode, log_samples_every=self.log_samples_every,
-        tensorboard=self.tensorboard, progress=self.progress, monitor=self.monitor,
+        tensorboard=self.tensorboard, wandb=self.wandb, wandb_init=self.wandb_init,
+        plots=self.plots, progress=self.progress, monitor=self.monitor,
         rollback=self.rollback, rollback_lr_factor=self.rollback_lr_factor,
         max_rollbacks=self.max_rollbacks, resume_ignore=OPERATIONAL_FIELDS,
     )
@@ -695,6 +705,24 @@ def build_trainer(
   )
 
 
+def guide_advice(config: RunConfig) -> list[str]:
+  """Checks `config.ppo` against the hyperparameter guide and logs each piece of advice.
+
+  Runs at the start of `run_training` (docs: `jax_ppo.trainer.presets.check_against_guide`);
+  advice is a warning, never an error: out-of-range values may be deliberate.
+
+  Returns:
+    The advice lines (empty when every value is in its recommended range).
+  """
+  advice = check_against_guide(config.ppo, lora=config.lora is not None)
+  for line in advice:
+    logger.warning("Hyperparameter guide: %s", line)
+  if advice:
+    logger.warning("Hyperparameter guide: %d value(s) outside the recommended ranges (see "
+                   "jax_ppo.trainer.presets.format_guide()); training goes on.", len(advice))
+  return advice
+
+
 def run_training(config: RunConfig) -> list[dict[str, float]]:
   """Trains (or resumes) the run described by `config`; returns the metrics of each update.
 
@@ -703,6 +731,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   SIGINT during training saves a checkpoint and returns early: the returned history's
   `preempted` then names the signal (see `jax_ppo.trainer.loop`).
   """
+  guide_advice(config)
   trainer = build_trainer(config)
   try:
     if trainer.step_count >= config.ppo.total_updates:
@@ -723,24 +752,39 @@ def evaluate_run(
     prompts_path: str | os.PathLike,
     *,
     temperature: float | None = None,
+    n: int = 1,
     step: int | None = None,
     seed: int = 0,
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
   """Samples and scores held-out prompts with a checkpoint of a run (item 20).
 
+  Every prompt is sampled `n` times. The metrics (`eval/...`, see `jax_ppo.trainer.eval_metrics`)
+  are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
+  scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
+  tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
+  `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
+  `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`.
+
   Args:
     run_dir: the run folder.
     prompts_path: held-out prompts (.txt or .jsonl, as `RunConfig.prompts_path`).
-    temperature: None samples greedily.
+    temperature: None samples greedily (then `n` must be 1: greedy samples are identical).
+    n: samples per prompt for best-of-n.
     step: the checkpoint; None uses the latest.
     seed: sampling seed (temperature > 0).
     out: JSON file written; default `run_dir/eval/step_<step>.json`.
 
   Returns:
-    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "metrics", "samples", "out"}`
-    (also the content of `out`, without "out").
+    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
+    "samples", "out"}` (also the content of `out`, without "out"); each sample is
+    `{prompt_index, prompt, response, reward, length, kl}`.
   """
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"--n={n!r} is invalid: give the number of samples per prompt (>= 1).")
+  if n > 1 and temperature is None:
+    raise ValueError(f"--n={n} needs sampling: greedy decoding gives {n} identical responses; "
+                     "give --temperature (e.g. 1.0).")
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
   trainer = _bare_trainer(config)
@@ -748,12 +792,26 @@ def evaluate_run(
       prompts_path, trainer.tokenizer, field="--prompts",
       max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
-  metrics, samples = trainer.evaluate_with_samples(prompts.prompts, temperature=temperature,
-                                                   seed=seed)
+  repeated = [p for p in prompts.prompts for _ in range(n)]  # prompt-major: n in a row
+  metrics, samples = trainer.evaluate_with_samples(repeated, temperature=temperature, seed=seed)
+  for i, sample in enumerate(samples):
+    sample["prompt_index"] = i // n
+  responses = [s["response"] for s in samples]
+  metrics.update({
+      "eval/best_of_n": best_of_n([s["reward"] for s in samples], n),
+      "eval/n": float(n),
+      "eval/distinct_1": distinct_n(responses, 1),
+      "eval/distinct_2": distinct_n(responses, 2),
+      "eval/repetition_rate": repetition_rate(responses, 2),
+  })
+  if config.rewards:
+    reward = [{"name": name, "weight": r.weight, "source": r.function or r.model_path}
+              for name, r in zip(reward_source_names(config.rewards), config.rewards, strict=True)]
+  else:
+    reward = config.reward_model_path or config.reward_function
   result = {
       "run_dir": str(run_dir), "step": step, "prompts_path": str(prompts_path),
-      "greedy": temperature is None, "temperature": temperature, "reward": (
-          config.reward_model_path or config.reward_function),
+      "greedy": temperature is None, "temperature": temperature, "n": n, "reward": reward,
       "metrics": metrics, "samples": samples,
   }
   out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
@@ -787,6 +845,7 @@ __all__ = [
     "check_prompts_file",
     "evaluate_run",
     "export_run",
+    "guide_advice",
     "import_reward_function",
     "load_prompts",
     "load_run_config",

@@ -423,6 +423,7 @@ class PPOTrainer:
         "episode": float(self.state.episode),
         "step": float(self.step_count),
         "rollout/prompt_len": float(prompt_len),
+        "rollout/response_length": float(np.asarray(rollout.response_mask).sum(1).mean()),
     })
     if self.peak_flops:
       metrics["mfu"] = flops / total / self.peak_flops
