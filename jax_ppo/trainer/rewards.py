@@ -1,4 +1,5 @@
-"""Reward sources: a reward model, a Python function of text, or a jittable function of ids.
+"""Reward sources: a reward model, a Python function of text, or a jittable function of ids,
+alone or several combined with weights (`CombinedScorer`, each source logged as `reward/<name>`).
 
 Every scorer is called as `scorer(rollout, reward_state) -> scores [B]` (float32) on the rollout's
 truncated responses (PAD after the stop token, docs/rlhf_details.md item 5); `reward_state` is the
