@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_ppo.config_io import (
@@ -574,7 +575,9 @@ def evaluate_run(
   scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
   tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
   `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
-  `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`.
+  `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`;
+  with `RunConfig.rewards`, also `reward/<name>`, each source's mean raw score (and each sample's
+  raw scores under "rewards").
 
   Args:
     run_dir: the run folder.
@@ -602,10 +605,24 @@ def evaluate_run(
       prompts_path, trainer.tokenizer, field="--prompts",
       max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
+  raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
+  if isinstance(trainer.scorer, CombinedScorer):
+    combined = trainer.scorer
+
+    def scorer(rollout, reward_state=None):
+      scores = combined(rollout, reward_state)
+      for name, values in combined.last_raw.items():
+        raw.setdefault(name, []).extend(values.tolist())
+      return scores
+
+    trainer.scorer = scorer
   repeated = [p for p in prompts.prompts for _ in range(n)]  # prompt-major: n in a row
   metrics, samples = trainer.evaluate_with_samples(repeated, temperature=temperature, seed=seed)
   for i, sample in enumerate(samples):
     sample["prompt_index"] = i // n
+    if raw:
+      sample["rewards"] = {name: values[i] for name, values in raw.items()}
+  metrics.update({f"eval/reward/{name}": float(np.mean(values)) for name, values in raw.items()})
   responses = [s["response"] for s in samples]
   metrics.update({
       "eval/best_of_n": best_of_n([s["reward"] for s in samples], n),

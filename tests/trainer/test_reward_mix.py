@@ -138,3 +138,16 @@ def test_a_reward_model_and_functions_train_end_to_end(files, tmp_path, user_rew
   combined = (0.5 * logged["reward/reward_model"] + 2.0 * logged["reward/length"]
               - logged["reward/words"])
   assert logged["objective/scores"] == pytest.approx(combined, rel=1e-4, abs=1e-4)
+  # Evaluation reports each source too, and their weighted sum is every sample's reward.
+  (tmp_path / "heldout.txt").write_text("the movie was\nthe actor is\n")
+  result = run.evaluate_run(run_dir, tmp_path / "heldout.txt", temperature=1.0, n=2)
+  metrics = result["metrics"]
+  for sample in result["samples"]:
+    parts = sample["rewards"]
+    assert sample["reward"] == pytest.approx(
+        0.5 * parts["reward_model"] + 2.0 * parts["length"] - parts["words"], abs=1e-4)
+    assert parts["length"] == sample["length"]
+  assert metrics["eval/score_mean"] == pytest.approx(
+      0.5 * metrics["eval/reward/reward_model"] + 2.0 * metrics["eval/reward/length"]
+      - metrics["eval/reward/words"], abs=1e-4)
+  assert [r["name"] for r in result["reward"]] == ["reward_model", "length", "words"]
