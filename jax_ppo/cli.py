@@ -1,8 +1,9 @@
 """`jax-ppo`: the command line over `jax_ppo.trainer.run`.
 
     jax-ppo train CONFIG [key=value ...]      # train, or resume the run in run_dir
-    jax-ppo eval --run-dir DIR --prompts FILE [--greedy | --temperature T] [--out FILE]
+    jax-ppo eval --run-dir DIR --prompts FILE [--greedy | --temperature T [--n N]] [--out FILE]
     jax-ppo export --run-dir DIR --out PATH
+    jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.trainer.run`); `key=value` arguments override its
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
@@ -45,9 +46,19 @@ def _parser() -> argparse.ArgumentParser:
   how = evaluate.add_mutually_exclusive_group()
   how.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
   how.add_argument("--temperature", type=float, help="sample at this temperature instead")
+  evaluate.add_argument("--n", type=int, default=1,
+                        help="samples per prompt; reports best-of-n (needs --temperature)")
   evaluate.add_argument("--out", help="JSON output (default RUN_DIR/eval/step_<step>.json)")
   evaluate.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
   evaluate.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+  plot = commands.add_parser(
+      "plot", help="write PNG plots of a run's metrics",
+      description="Write PNG plots of RUN_DIR/metrics.jsonl (reward, KL, entropy, response "
+                  "length; loss and accuracy of SFT and reward-model runs) into RUN_DIR/plots.",
+  )
+  plot.add_argument("run_dir", metavar="RUN_DIR", help="run folder holding metrics.jsonl")
+  plot.add_argument("--out", help="output folder (default RUN_DIR/plots)")
 
   export = commands.add_parser(
       "export", help="write a checkpoint's policy as a Hugging Face folder",
@@ -103,8 +114,19 @@ def main(argv: Sequence[str] | None = None) -> int:
       print(json.dumps(summary))
     elif args.command == "eval":
       result = run.evaluate_run(args.run_dir, args.prompts, temperature=args.temperature,
-                                step=args.step, seed=args.seed, out=args.out)
+                                n=args.n, step=args.step, seed=args.seed, out=args.out)
       print(json.dumps({"step": result["step"], "out": result["out"], **result["metrics"]}))
+    elif args.command == "plot":
+      from jax_ppo.logging.plots import write_plots
+
+      try:
+        paths = write_plots(args.run_dir, out_dir=args.out)
+      except ImportError as e:  # matplotlib missing: a setup error, reported in one line
+        raise ValueError(str(e)) from None
+      if not paths:
+        raise ValueError(f"{args.run_dir!r}: metrics.jsonl holds none of the plotted metrics "
+                         "(reward, KL, entropy, response length, loss, accuracy) yet.")
+      print(json.dumps({"plots": [str(p) for p in paths]}))
     else:
       dtype = run.DTYPES[args.dtype] if args.dtype else None
       path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype)

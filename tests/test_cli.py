@@ -123,7 +123,9 @@ def test_train_resume_eval_export(files, capsys):
   result = json.loads(out.read_text())
   assert result["step"] == printed["step"] == 4 and result["greedy"]
   assert set(result["metrics"]) == {"eval/score_mean", "eval/score_std", "eval/response_length",
-                                    "eval/kl", "eval/entropy"}
+                                    "eval/kl", "eval/entropy", "eval/best_of_n", "eval/n",
+                                    "eval/distinct_1", "eval/distinct_2", "eval/repetition_rate"}
+  assert result["metrics"]["eval/best_of_n"] == result["metrics"]["eval/score_mean"]  # n=1
   assert len(result["samples"]) == 3 and result["samples"][0]["prompt"] == "the plot was"
   scores = [s["reward"] for s in result["samples"]]
   assert result["metrics"]["eval/score_mean"] == pytest.approx(np.mean(scores))

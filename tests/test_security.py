@@ -38,7 +38,7 @@ FORBIDDEN_OS = {"system", "popen", "startfile", "execl", "execle", "execlp", "ex
                 "execve", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
                 "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp"}
 UNSAFE_YAML = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load", "full_load_all"}
-IMPORT_MODULE_ALLOWED = {("trainer/run.py", "import_reward_function")}
+IMPORT_MODULE_ALLOWED = {("trainer/reward_specs.py", "import_reward_function")}
 """The only (file, function) allowed to call importlib.import_module."""
 
 
@@ -157,7 +157,7 @@ def test_the_reward_loader_is_the_only_import_module_and_auto_loaders_refuse_rem
         name = _dotted(node.func)
         if name == "importlib.import_module" or name.endswith(".from_pretrained"):
           calls.setdefault(name, set()).add(rel)
-  assert calls["importlib.import_module"] == {"trainer/run.py"}
+  assert calls["importlib.import_module"] == {"trainer/reward_specs.py"}
   # The scan above saw the Hugging Face loaders (and passed them: trust_remote_code=False).
   assert any(name.endswith("AutoTokenizer.from_pretrained") for name in calls)
   assert any(name.endswith("AutoConfig.from_pretrained") for name in calls)
@@ -219,7 +219,7 @@ def test_the_scanner_passes_safe_code():
   """)
   assert violations(safe) == []
   allowed = "import importlib\ndef import_reward_function(s):\n  return importlib.import_module(s)"
-  assert violations(allowed, "trainer/run.py") == []
+  assert violations(allowed, "trainer/reward_specs.py") == []
   assert violations(allowed, "trainer/other.py") != []
 
 

@@ -1,4 +1,5 @@
-"""jax_ppo.logging: run logging off the training thread (JSONL, TensorBoard, W&B, progress)."""
+"""jax_ppo.logging: run logging off the training thread (JSONL, TensorBoard, W&B, progress), and
+PNG plots of a run folder's metrics (`write_plots`)."""
 
 from jax_ppo.logging.metrics_logger import (
     DEFAULT_PROGRESS_KEYS,
@@ -7,11 +8,14 @@ from jax_ppo.logging.metrics_logger import (
     TENSORBOARD_DIR,
     MetricsLogger,
 )
+from jax_ppo.logging.plots import PLOTS_DIR, write_plots
 
 __all__ = [
     "DEFAULT_PROGRESS_KEYS",
     "METRICS_FILE",
+    "PLOTS_DIR",
     "SAMPLES_FILE",
     "TENSORBOARD_DIR",
     "MetricsLogger",
+    "write_plots",
 ]

@@ -14,7 +14,12 @@ evaluation and export of run folders, used by the `jax-ppo` command line), `perf
 from jax_ppo.trainer.config import ADVANTAGE_MODES, PPOConfig
 from jax_ppo.trainer.loop import NonFiniteUpdates
 from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
-from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
+from jax_ppo.trainer.rewards import (
+    CombinedScorer,
+    FunctionScorer,
+    RewardModelScorer,
+    TokenScorer,
+)
 from jax_ppo.trainer.run import (
     REWARD_FUNCTIONS,
     RunConfig,
@@ -33,6 +38,7 @@ __all__ = [
     "ADVANTAGE_MODES",
     "REWARD_FUNCTIONS",
     "Batch",
+    "CombinedScorer",
     "FrozenParams",
     "FunctionScorer",
     "NonFiniteUpdates",

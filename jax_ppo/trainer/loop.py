@@ -83,6 +83,13 @@ class RunOptions:
   """Samples written each time."""
   tensorboard: bool = True
   """Write TensorBoard events under `run_dir/tensorboard`."""
+  wandb: bool = False
+  """Also log metrics to Weights & Biases (`MetricsLogger(wandb=True)`; needs `wandb`)."""
+  wandb_init: dict[str, Any] | None = None
+  """Keyword arguments of `wandb.init` (project, name, entity...)."""
+  plots: bool = True
+  """Write PNG plots of `metrics.jsonl` into `run_dir/plots` at the end of `train()`
+  (`jax_ppo.logging.plots`; skipped with a warning without matplotlib)."""
   progress: bool = True
   """Show a tqdm progress bar with the stage's main metrics (PPO: the reward and the KL)."""
   async_checkpointing: bool = True
@@ -109,6 +116,11 @@ class RunOptions:
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < low:
         bad(field, f"use an int >= {low}")
+    for field in ("wandb", "plots"):
+      if not isinstance(getattr(self, field), bool):
+        bad(field, "use True or False")
+    if self.wandb_init is not None and not isinstance(self.wandb_init, dict):
+      bad("wandb_init", "give a dict of wandb.init keyword arguments or None")
     if self.best_mode not in ("max", "min"):
       bad("best_mode", "use 'max' or 'min'")
     if self.best_metric is not None and not (isinstance(self.best_metric, str)
@@ -246,7 +258,8 @@ class RunLoop:
     self.run_dir = run_dir
     save_config(self.run_config, run_dir)
     self.logger = MetricsLogger(
-        run_dir, tensorboard=opts.tensorboard, progress=False, truncate_after_step=start
+        run_dir, tensorboard=opts.tensorboard, progress=False, truncate_after_step=start,
+        wandb=opts.wandb, wandb_init=opts.wandb_init, config=config_to_dict(self.run_config),
     )
     if opts.progress:
       import tqdm
@@ -453,6 +466,8 @@ class RunLoop:
           self.save(self.stage.step_count, metrics, force=True)
         self.checkpointer.wait()
         self.logger.flush()
+        if self.options.plots:
+          self._write_plots()
       if self.stop_requested:
         history.preempted = signal.Signals(self._signal).name
         logger.warning(
@@ -461,6 +476,17 @@ class RunLoop:
             f"; the checkpoint is in {str(self.run_dir / CHECKPOINT_DIR)!r}",
         )
     return history
+
+  def _write_plots(self) -> None:
+    """PNG plots of the run so far; a failure is a warning, never the end of a run."""
+    from jax_ppo.logging.plots import write_plots
+
+    try:
+      write_plots(self.run_dir)
+    except ImportError as e:
+      logger.warning("No plots written: %s", e)
+    except Exception as e:  # noqa: BLE001 - plots are a by-product; training results are saved.
+      logger.warning("Writing plots into %s failed: %s: %s", self.run_dir, type(e).__name__, e)
 
   def close(self) -> None:
     """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent."""

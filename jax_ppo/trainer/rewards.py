@@ -1,4 +1,5 @@
-"""Reward sources: a reward model, a Python function of text, or a jittable function of ids.
+"""Reward sources: a reward model, a Python function of text, or a jittable function of ids,
+alone or several combined with weights (`CombinedScorer`, each source logged as `reward/<name>`).
 
 Every scorer is called as `scorer(rollout, reward_state) -> scores [B]` (float32) on the rollout's
 truncated responses (PAD after the stop token, docs/rlhf_details.md item 5); `reward_state` is the
@@ -315,3 +316,77 @@ class RewardModelScorer:
         prompts=lambda: (decode_rollout(self.policy_tokenizer, rollout)[0]
                          if self.policy_tokenizer is not None else None))
     return scores
+
+
+class CombinedScorer:
+  """A weighted sum of several reward sources, each source's raw score checked and logged.
+
+  `score = sum_i w_i * s_i` where `s_i [B]` is the raw score of source `i` (a reward model, a
+  Python function of texts or a jittable function of ids). Every source is called and checked as
+  on its own (`check_scores`: NaN/inf, wrong length or type is an error); an error is re-raised
+  with the source's name and weight in front, as the same exception type (the original stays
+  the `__cause__`). After each call `metrics()` gives `reward/<name>` (the mean raw score of each
+  source over the batch) and `reward/<name>_std`.
+
+  Sources with parameters (reward models) keep them in `state`, a dict `name -> state` that the
+  trainer stores in `FrozenParams.reward` and hands back on each call.
+
+  Args:
+    sources: `(name, scorer, weight)` triples; names must be unique and non-empty, weights
+      finite numbers.
+  """
+
+  def __init__(self, sources: Sequence[tuple[str, Callable, float]]):
+    if not sources:
+      raise ValueError("CombinedScorer needs at least one (name, scorer, weight) source.")
+    names: list[str] = []
+    for entry in sources:
+      if not (isinstance(entry, tuple) and len(entry) == 3):
+        raise ValueError(f"CombinedScorer: expected (name, scorer, weight) triples, got "
+                         f"{_short(entry)}.")
+      name, scorer, weight = entry
+      if not isinstance(name, str) or not name:
+        raise ValueError(f"CombinedScorer: a source name must be a non-empty string, got "
+                         f"{name!r}.")
+      if name in names:
+        raise ValueError(f"CombinedScorer: two reward sources are named {name!r}; give each a "
+                         "distinct name (RunConfig.rewards[i].name).")
+      if not callable(scorer):
+        raise ValueError(f"CombinedScorer: reward source {name!r} is {_short(scorer)}, not a "
+                         "scorer.")
+      if (isinstance(weight, bool) or not isinstance(weight, int | float)
+          or not np.isfinite(weight)):
+        raise ValueError(f"CombinedScorer: reward source {name!r} has weight {weight!r}; give "
+                         "a finite number.")
+      names.append(name)
+    self.sources = [(n, s, float(w)) for n, s, w in sources]
+    self.names = tuple(names)
+    self.weights = {n: w for n, _, w in self.sources}
+    states = {n: s.state for n, s, _ in self.sources if getattr(s, "state", None) is not None}
+    self.state = states or None
+    self.last_raw: dict[str, np.ndarray] = {}
+
+  def __call__(self, rollout: Rollout, reward_state=None) -> Array:
+    total = None
+    raw: dict[str, np.ndarray] = {}
+    for name, scorer, weight in self.sources:
+      sub_state = None
+      if reward_state is not None and name in reward_state:
+        sub_state = reward_state[name]
+      try:
+        scores = scorer(rollout, sub_state)
+      except (ValueError, RewardFunctionError) as e:
+        raise type(e)(f"Reward source {name!r} (weight {weight:g}): {e}") from e
+      scores = jnp.asarray(scores, jnp.float32)
+      raw[name] = np.asarray(scores)
+      total = weight * scores if total is None else total + weight * scores
+    self.last_raw = raw
+    return total
+
+  def metrics(self) -> dict[str, float]:
+    """`reward/<name>` and `reward/<name>_std` of each source's raw scores in the last call."""
+    out = {}
+    for name, scores in self.last_raw.items():
+      out[f"reward/{name}"] = float(np.mean(scores))
+      out[f"reward/{name}_std"] = float(np.std(scores))
+    return out

@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import json
-import keyword
 import logging
 import os
 import pathlib
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jax_ppo.config_io import (
@@ -51,9 +49,19 @@ from jax_ppo.models import (
     value_model_from_reward_model,
 )
 from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.monitor import MonitorConfig
-from jax_ppo.trainer.presets import PRESETS, preset_overrides
-from jax_ppo.trainer.rewards import FunctionScorer, RewardModelScorer, TokenScorer
+from jax_ppo.trainer.presets import PRESETS, check_against_guide, preset_overrides
+from jax_ppo.trainer.reward_specs import (
+    MODULE_REWARD,
+    REWARD_FUNCTIONS,
+    RewardSource,
+    import_reward_function,
+    parse_reward_function,
+    reward_function,
+    reward_source_names,
+)
+from jax_ppo.trainer.rewards import CombinedScorer, RewardModelScorer
 from jax_ppo.trainer.trainer import PPOTrainer, RunOptions
 
 logger = logging.getLogger("jax_ppo.run")
@@ -61,17 +69,10 @@ logger = logging.getLogger("jax_ppo.run")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 """`RunConfig.dtype` name -> compute dtype (parameters stay float32)."""
 
-REWARD_FUNCTIONS: Mapping[str, str] = {
-    "length": "number of response tokens (the stop token included)",
-    "count:<token>": "occurrences in the response of <token>: a token of the policy's "
-                     "vocabulary (its string, e.g. count:Ġgood) or an id (count:42)",
-}
-"""Built-in programmatic rewards for `RunConfig.reward_function`: spec -> description."""
-
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
-    "log_samples_every", "tensorboard", "progress", "rollback", "rollback_lr_factor",
-    "max_rollbacks", "monitor",
+    "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
+    "rollback_lr_factor", "max_rollbacks", "monitor",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
@@ -98,6 +99,10 @@ class RunConfig:
   """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
   "package.module:function", a Python `fn(prompts, responses) -> scores` on texts
   (`MODULE_REWARD`)."""
+  rewards: tuple[RewardSource, ...] = ()
+  """Several reward sources combined with weights instead of one of the two fields above, e.g.
+  `[{model_path: runs/rm, weight: 1.0}, {function: "my_rewards:brevity", weight: 0.1}]`; each
+  source's raw score is checked and logged as `reward/<name>` (see `CombinedScorer`)."""
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
   reward model, or a zero-initialised value head on the policy with a reward function."""
@@ -132,6 +137,14 @@ class RunConfig:
   """Write samples to samples.jsonl every this many updates (0: never)."""
   tensorboard: bool = True
   """Write TensorBoard events."""
+  wandb: bool = False
+  """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
+  wandb_init: dict[str, Any] | None = None
+  """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
+  configuration is passed as `config`, the run folder as `dir`."""
+  plots: bool = True
+  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
+  each invocation (also `jax-ppo plot RUN_DIR`)."""
   progress: bool = True
   """Show a progress bar."""
   rollback: bool = False
@@ -150,13 +163,20 @@ class RunConfig:
     for field in ("policy_path", "prompts_path", "run_dir"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give a path")
-    if (self.reward_model_path is None) == (self.reward_function is None):
+    given = [self.reward_model_path is not None, self.reward_function is not None,
+             bool(self.rewards)]
+    if sum(given) != 1:
       raise ValueError(
           "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
-          "SequenceClassification folder) or reward_function (one of "
-          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}); got "
-          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}."
+          "SequenceClassification folder), reward_function (one of "
+          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}), or rewards (a list of "
+          "{function or model_path, weight} sources); got "
+          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}"
+          f", rewards={list(self.rewards)!r}."
       )
+    if not all(isinstance(r, RewardSource) for r in self.rewards):
+      bad("rewards", "give a list of {function or model_path, weight, name} mappings")
+    reward_source_names(self.rewards)
     if self.reward_function is not None:
       parse_reward_function(self.reward_function)
     if self.preset is not None and self.preset not in PRESETS:
@@ -180,7 +200,8 @@ class RunConfig:
     return RunOptions(
         save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
         best_mode=self.best_mode, log_samples_every=self.log_samples_every,
-        tensorboard=self.tensorboard, progress=self.progress, monitor=self.monitor,
+        tensorboard=self.tensorboard, wandb=self.wandb, wandb_init=self.wandb_init,
+        plots=self.plots, progress=self.progress, monitor=self.monitor,
         rollback=self.rollback, rollback_lr_factor=self.rollback_lr_factor,
         max_rollbacks=self.max_rollbacks, resume_ignore=OPERATIONAL_FIELDS,
     )
@@ -234,135 +255,7 @@ def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
   return load_run_config([str(path)])
 
 
-# ---- rewards and prompts -------------------------------------------------------------------------
-
-
-MODULE_REWARD = "package.module:function"
-"""The third kind of `RunConfig.reward_function`: a Python function of texts,
-`fn(prompts: list[str], responses: list[str]) -> sequence of B floats`, imported from an
-installed (or PYTHONPATH) module. Only the named module is imported (`importlib.import_module`;
-nothing in the string is evaluated), the function must be defined in it (or a submodule), and
-standard-library and jax_ppo modules are refused. A config naming a module runs that module's code
-on import: treat such configs like code."""
-
-
-def _is_dotted_identifier(text: str) -> bool:
-  return bool(text) and all(part.isidentifier() and not keyword.iskeyword(part)
-                            for part in text.split("."))
-
-
-def parse_reward_function(spec: str) -> tuple[str, str | None]:
-  """`"count:good"` -> `("count", "good")`, `"pkg.mod:fn"` -> `("pkg.mod", "fn")`.
-
-  Only the syntax is checked (nothing is imported): built-in names first (`REWARD_FUNCTIONS`),
-  then `package.module:function` with identifiers only.
-
-  Raises:
-    ValueError: naming the spec and listing the accepted forms.
-  """
-  if not isinstance(spec, str):
-    raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: give a name.")
-  name, sep, arg = spec.partition(":")
-  names = {k.partition(":")[0]: ":" in k for k in REWARD_FUNCTIONS}
-  if name in names:
-    if names[name] != bool(sep) or (sep and not arg):
-      usage = next(k for k in REWARD_FUNCTIONS if k.partition(":")[0] == name)
-      raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: write it as {usage!r}.")
-    return name, (arg if sep else None)
-  if sep and _is_dotted_identifier(name) and arg.isidentifier() and not keyword.iskeyword(arg):
-    if arg.startswith("__"):
-      raise ValueError(f"RunConfig.reward_function={spec!r} is invalid: {arg!r} is a special "
-                       "attribute, not a reward function; name a function defined in the module.")
-    return name, arg
-  raise ValueError(
-      f"RunConfig.reward_function={spec!r} is invalid: unknown reward function {name!r}; "
-      f"choose one of {', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD} (identifiers only, "
-      "e.g. my_rewards.sentiment:score), or give reward_model_path instead."
-  )
-
-
-def import_reward_function(spec: str) -> Callable[[list, list], Any]:
-  """Imports the function named by a `"package.module:function"` reward spec.
-
-  Imports exactly the named module (its parent packages are imported by Python as usual), with
-  the `sys.path` as it is: the working directory or the config's folder is not added. Nothing in
-  the spec is evaluated.
-
-  Raises:
-    ValueError: a built-in spec, a standard-library or jax_ppo module, a module that does not
-      import, a missing attribute, a function defined in another module, or a non-callable.
-  """
-  module_name, function = parse_reward_function(spec)
-  where = f"RunConfig.reward_function={spec!r} is invalid"
-  if module_name in {k.partition(":")[0] for k in REWARD_FUNCTIONS}:
-    raise ValueError(f"{where}: it is a built-in reward, not a module function.")
-  top = module_name.partition(".")[0]
-  if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "jax_ppo":
-    raise ValueError(
-        f"{where}: {module_name!r} is a {'jax_ppo' if top == 'jax_ppo' else 'standard-library'} "
-        f"module, not a reward function module; write fn(prompts, responses) -> scores in your "
-        "own module and name it as package.module:function."
-    )
-  try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    raise ValueError(
-        f"{where}: no module named {e.name!r}; install the package, or put its folder on "
-        "PYTHONPATH (the working directory is not searched by the jax-ppo command)."
-    ) from None
-  except Exception as e:
-    raise ValueError(f"{where}: importing {module_name!r} failed with {type(e).__name__}: "
-                     f"{e}.") from e
-  if not hasattr(module, function):
-    public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-                    and not isinstance(v, type) and getattr(v, "__module__", None) == module_name)
-    close = difflib.get_close_matches(function, public, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"{where}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-                     f"has no attribute {function!r}{hint}; its functions: {public or 'none'}.")
-  fn = getattr(module, function)
-  if isinstance(fn, type) or not callable(fn):
-    raise ValueError(f"{where}: {module_name}.{function} is a {type(fn).__name__}, not a "
-                     "function; name a function fn(prompts, responses) -> scores.")
-  defined_in = getattr(fn, "__module__", None) or type(fn).__module__
-  if defined_in != module_name and not str(defined_in).startswith(module_name + "."):
-    raise ValueError(
-        f"{where}: {function!r} is defined in {defined_in!r}, not in {module_name!r} (it is "
-        f"imported there); name the module that defines it ({defined_in}:{function})."
-    )
-  return fn
-
-
-def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer | FunctionScorer:
-  """The scorer of a `RunConfig.reward_function`: a built-in (`REWARD_FUNCTIONS`, a jittable
-  `TokenScorer`) or a `package.module:function` (`import_reward_function`, a `FunctionScorer` on
-  the decoded texts)."""
-  name, arg = parse_reward_function(spec)
-  if name not in {k.partition(":")[0] for k in REWARD_FUNCTIONS}:
-    return FunctionScorer(import_reward_function(spec), tokenizer=tokenizer, name=spec)
-  if name == "length":
-    def length(prompt_ids, prompt_mask, response_ids, response_mask):
-      return jnp.sum(response_mask, axis=1).astype(jnp.float32)
-
-    return TokenScorer(length, name=spec)
-  vocab = tokenizer.get_vocab() if tokenizer is not None else {}
-  if arg in vocab:
-    token_id = int(vocab[arg])
-  elif arg.isdigit():
-    token_id = int(arg)
-  else:
-    ids = tokenizer(arg, add_special_tokens=False)["input_ids"] if tokenizer is not None else []
-    if len(ids) != 1 or ids[0] == getattr(tokenizer, "unk_token_id", None):
-      raise ValueError(
-          f"RunConfig.reward_function={spec!r} is invalid: {arg!r} is not one token of the "
-          f"policy's tokenizer (it encodes to {ids}); give a vocabulary entry or a token id."
-      )
-    token_id = int(ids[0])
-
-  def count(prompt_ids, prompt_mask, response_ids, response_mask):
-    return jnp.sum((response_ids == token_id) & response_mask, axis=1).astype(jnp.float32)
-
-  return TokenScorer(count, name=spec)
+# ---- prompts -------------------------------------------------------------------------------------
 
 
 def check_prompts_file(path: str | os.PathLike, *, field: str) -> pathlib.Path:
@@ -438,6 +331,23 @@ def _grow_vocab(config: RunConfig, model: Any, num_tokens: int, what: str) -> No
                 "the mean embedding).", what, old, num_tokens)
 
 
+def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
+                         dtype: Any) -> tuple[Any, RewardModelScorer]:
+  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer."""
+  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32)
+  # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
+  reward_tokenizer = (load_tokenizer(path, add_pad_token=config.resize_embeddings,
+                                     require_pad=False)
+                      if _has_tokenizer(path) else None)
+  reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
+  _grow_vocab(config, reward_model, reward_vocab, "reward model")
+  scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
+                             reward_tokenizer=reward_tokenizer,
+                             max_length=reward_model.config.max_position_embeddings)
+  check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
+  return reward_model, scorer
+
+
 def build_trainer(
     config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
 ) -> PPOTrainer:
@@ -479,27 +389,31 @@ def build_trainer(
                             stop_token_ids=tuple(stop_ids))
 
   value_model = None
+  first_model = None  # (reward model, scorer) of the first reward model: the critic's start
   if config.reward_model_path is not None:
-    reward_model = load_scalar_model(config.reward_model_path, dtype=dtype,
-                                     param_dtype=jnp.float32)
-    # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
-    reward_tokenizer = (load_tokenizer(config.reward_model_path,
-                                       add_pad_token=config.resize_embeddings, require_pad=False)
-                        if _has_tokenizer(config.reward_model_path) else None)
-    reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
-    _grow_vocab(config, reward_model, reward_vocab, "reward model")
-    scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
-                               reward_tokenizer=reward_tokenizer,
-                               max_length=reward_model.config.max_position_embeddings)
-    check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
-    if ppo.uses_critic and config.value_model_path is None:
-      if scorer.retokenize:
-        logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
-                       "its copy; using a value head on the policy (or set value_model_path).")
-      else:
-        value_model = value_model_from_reward_model(reward_model)
-  else:
+    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype)
+    scorer = first_model[1]
+  elif config.reward_function is not None:
     scorer = reward_function(config.reward_function, tokenizer)
+  else:
+    sources = []
+    for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
+      if source.model_path is not None:
+        _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
+        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype)
+        first_model = first_model or pair
+        sub = pair[1]
+      else:
+        sub = reward_function(source.function, tokenizer)
+      sources.append((name, sub, source.weight))
+    scorer = CombinedScorer(sources)
+  if first_model is not None and ppo.uses_critic and config.value_model_path is None:
+    reward_model, rm_scorer = first_model
+    if rm_scorer.retokenize:
+      logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
+                     "its copy; using a value head on the policy (or set value_model_path).")
+    else:
+      value_model = value_model_from_reward_model(reward_model)
   if config.value_model_path is not None:
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
@@ -519,6 +433,24 @@ def build_trainer(
   )
 
 
+def guide_advice(config: RunConfig) -> list[str]:
+  """Checks `config.ppo` against the hyperparameter guide and logs each piece of advice.
+
+  Runs at the start of `run_training` (docs: `jax_ppo.trainer.presets.check_against_guide`);
+  advice is a warning, never an error: out-of-range values may be deliberate.
+
+  Returns:
+    The advice lines (empty when every value is in its recommended range).
+  """
+  advice = check_against_guide(config.ppo, lora=config.lora is not None)
+  for line in advice:
+    logger.warning("Hyperparameter guide: %s", line)
+  if advice:
+    logger.warning("Hyperparameter guide: %d value(s) outside the recommended ranges (see "
+                   "jax_ppo.trainer.presets.format_guide()); training goes on.", len(advice))
+  return advice
+
+
 def run_training(config: RunConfig) -> list[dict[str, float]]:
   """Trains (or resumes) the run described by `config`; returns the metrics of each update.
 
@@ -527,6 +459,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   SIGINT during training saves a checkpoint and returns early: the returned history's
   `preempted` then names the signal (see `jax_ppo.trainer.loop`).
   """
+  guide_advice(config)
   trainer = build_trainer(config)
   try:
     if trainer.step_count >= config.ppo.total_updates:
@@ -547,24 +480,41 @@ def evaluate_run(
     prompts_path: str | os.PathLike,
     *,
     temperature: float | None = None,
+    n: int = 1,
     step: int | None = None,
     seed: int = 0,
     out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
   """Samples and scores held-out prompts with a checkpoint of a run (item 20).
 
+  Every prompt is sampled `n` times. The metrics (`eval/...`, see `jax_ppo.trainer.eval_metrics`)
+  are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
+  scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
+  tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
+  `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
+  `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`;
+  with `RunConfig.rewards`, also `reward/<name>`, each source's mean raw score (and each sample's
+  raw scores under "rewards").
+
   Args:
     run_dir: the run folder.
     prompts_path: held-out prompts (.txt or .jsonl, as `RunConfig.prompts_path`).
-    temperature: None samples greedily.
+    temperature: None samples greedily (then `n` must be 1: greedy samples are identical).
+    n: samples per prompt for best-of-n.
     step: the checkpoint; None uses the latest.
     seed: sampling seed (temperature > 0).
     out: JSON file written; default `run_dir/eval/step_<step>.json`.
 
   Returns:
-    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "metrics", "samples", "out"}`
-    (also the content of `out`, without "out").
+    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
+    "samples", "out"}` (also the content of `out`, without "out"); each sample is
+    `{prompt_index, prompt, response, reward, length, kl}`.
   """
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"--n={n!r} is invalid: give the number of samples per prompt (>= 1).")
+  if n > 1 and temperature is None:
+    raise ValueError(f"--n={n} needs sampling: greedy decoding gives {n} identical responses; "
+                     "give --temperature (e.g. 1.0).")
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
   trainer = _bare_trainer(config)
@@ -572,12 +522,40 @@ def evaluate_run(
       prompts_path, trainer.tokenizer, field="--prompts",
       max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
-  metrics, samples = trainer.evaluate_with_samples(prompts.prompts, temperature=temperature,
-                                                   seed=seed)
+  raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
+  if isinstance(trainer.scorer, CombinedScorer):
+    combined = trainer.scorer
+
+    def scorer(rollout, reward_state=None):
+      scores = combined(rollout, reward_state)
+      for name, values in combined.last_raw.items():
+        raw.setdefault(name, []).extend(values.tolist())
+      return scores
+
+    trainer.scorer = scorer
+  repeated = [p for p in prompts.prompts for _ in range(n)]  # prompt-major: n in a row
+  metrics, samples = trainer.evaluate_with_samples(repeated, temperature=temperature, seed=seed)
+  for i, sample in enumerate(samples):
+    sample["prompt_index"] = i // n
+    if raw:
+      sample["rewards"] = {name: values[i] for name, values in raw.items()}
+  metrics.update({f"eval/reward/{name}": float(np.mean(values)) for name, values in raw.items()})
+  responses = [s["response"] for s in samples]
+  metrics.update({
+      "eval/best_of_n": best_of_n([s["reward"] for s in samples], n),
+      "eval/n": float(n),
+      "eval/distinct_1": distinct_n(responses, 1),
+      "eval/distinct_2": distinct_n(responses, 2),
+      "eval/repetition_rate": repetition_rate(responses, 2),
+  })
+  if config.rewards:
+    reward = [{"name": name, "weight": r.weight, "source": r.function or r.model_path}
+              for name, r in zip(reward_source_names(config.rewards), config.rewards, strict=True)]
+  else:
+    reward = config.reward_model_path or config.reward_function
   result = {
       "run_dir": str(run_dir), "step": step, "prompts_path": str(prompts_path),
-      "greedy": temperature is None, "temperature": temperature, "reward": (
-          config.reward_model_path or config.reward_function),
+      "greedy": temperature is None, "temperature": temperature, "n": n, "reward": reward,
       "metrics": metrics, "samples": samples,
   }
   out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
@@ -605,16 +583,19 @@ __all__ = [
     "MODULE_REWARD",
     "OPERATIONAL_FIELDS",
     "REWARD_FUNCTIONS",
+    "RewardSource",
     "RunConfig",
     "build_trainer",
     "check_prompts_file",
     "evaluate_run",
     "export_run",
+    "guide_advice",
     "import_reward_function",
     "load_prompts",
     "load_run_config",
     "parse_reward_function",
     "reward_function",
+    "reward_source_names",
     "run_training",
     "saved_run_config",
 ]

@@ -78,6 +78,7 @@ from jax_ppo.trainer.loop import (
 )
 from jax_ppo.trainer.monitor import StabilityMonitor
 from jax_ppo.trainer.rewards import (
+    CombinedScorer,
     FunctionScorer,
     RewardModelScorer,
     TokenScorer,
@@ -97,7 +98,7 @@ def _as_scorer(reward, tokenizer):
         f"`reward` is a {type(reward).__name__}; pass a ScalarModel reward model, a scorer, or "
         "a function fn(prompts, responses) -> scores."
     )
-  if isinstance(reward, (FunctionScorer, TokenScorer, RewardModelScorer)):
+  if isinstance(reward, (FunctionScorer, TokenScorer, RewardModelScorer, CombinedScorer)):
     return reward
   if callable(reward):
     return FunctionScorer(reward, tokenizer=tokenizer)
@@ -398,6 +399,8 @@ class PPOTrainer:
           upd_metrics["skipped_updates"] += replay_metrics["skipped_updates"]
       self.replay.append(batch)
     metrics = _to_host({**exp_metrics, **upd_metrics})
+    if isinstance(self.scorer, CombinedScorer):  # each source's raw score, `reward/<name>`
+      metrics.update(self.scorer.metrics())
     t_end = time.perf_counter()
     self.data_position += 1
 
@@ -420,6 +423,7 @@ class PPOTrainer:
         "episode": float(self.state.episode),
         "step": float(self.step_count),
         "rollout/prompt_len": float(prompt_len),
+        "rollout/response_length": float(np.asarray(rollout.response_mask).sum(1).mean()),
     })
     if self.peak_flops:
       metrics["mfu"] = flops / total / self.peak_flops
