@@ -92,7 +92,7 @@ def test_an_exception_in_the_reward_function_names_the_row_and_keeps_the_cause()
   message = str(info.value)
   assert "raised ZeroDivisionError: integer division or modulo by zero" in message
   assert "at row 1 (prompt [7, 8, 9]), response [14, 15]" in message
-  assert "test_rewards" in message  # names the function (module:qualname)
+  assert "test_reward_sources:" in message  # names the function (module:qualname)
   assert isinstance(info.value.__cause__, ZeroDivisionError)
   assert not isinstance(info.value, ValueError)  # the CLI shows the user's traceback
 
