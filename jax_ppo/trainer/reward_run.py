@@ -120,12 +120,16 @@ def _prompts(config: RewardRunConfig, train: list[dict]) -> list[Any]:
 
 
 def policy_samples(
-    config: RewardRunConfig, prompts: list[Any], *, seed: int
-) -> list[dict[str, Any]]:
-  """One sampled response per prompt from the policy (`policy_path`, default `model_path`).
+    config: RewardRunConfig, prompts: list[Any], *, seed: int, reward_tokenizer: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """Prompt + sampled response ids and attention mask `[N, S]` for the normalisation: one
+  response per prompt from the policy (`policy_path`, default `model_path`), with the sampling
+  settings of PPO (`normalise_max_new_tokens`, `normalise_temperature`).
 
-  Returns:
-    Records `{prompt, response}` (the prompt as given; the response text without special tokens).
+  When the policy's tokenizer is the reward model's (`reward_tokenizer`; the usual case, both
+  coming from the SFT folder), the sequences are the policy's own ids, left-padded prompt and
+  response with its stop token (or cut at the length limit), exactly what PPO's
+  `RewardModelScorer` scores. Otherwise the texts are re-tokenized by `reward_tokenizer`.
   """
   path = config.policy_path or config.model_path
   check_model_folder("RewardRunConfig.policy_path" if config.policy_path else
@@ -145,11 +149,21 @@ def policy_samples(
       max_new_tokens=config.normalise_max_new_tokens, temperature=config.normalise_temperature,
       stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id, truncate_prompts=True))
   rollout = sampler(ids, jax.random.key(seed))
-  responses = np.asarray(rollout.response_ids)
-  mask = np.asarray(rollout.response_mask)
-  texts = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True)
-           for row, m in zip(responses, mask, strict=True)]
-  return [{"prompt": p, "response": t} for p, t in zip(prompts, texts, strict=True)]
+  if reward_tokenizer is None or tokenizer.get_vocab() == reward_tokenizer.get_vocab():
+    return np.asarray(rollout.sequence_ids), np.asarray(rollout.attention_mask)
+  rows = []
+  for p_ids, p_mask, r_ids, r_mask in zip(
+      *map(np.asarray, (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                        rollout.response_mask)), strict=True):
+    text = tokenizer.decode(np.concatenate([p_ids[p_mask > 0], r_ids[r_mask]]).tolist(),
+                            skip_special_tokens=True)
+    rows.append(list(reward_tokenizer(text)["input_ids"]) or [reward_tokenizer.pad_token_id])
+  length = max(len(r) for r in rows)
+  out_ids = np.full((len(rows), length), reward_tokenizer.pad_token_id or 0, np.int32)
+  out_mask = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    out_ids[i, :len(row)], out_mask[i, :len(row)] = row, 1
+  return out_ids, out_mask
 
 
 def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
@@ -211,14 +225,9 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
         metrics = trainer.evaluate()
         summary.update({k: metrics[k] for k in ("eval/loss", "eval/accuracy")})
       if config.normalise:
-        samples = policy_samples(config, _prompts(config, trainer.train_records),
-                                 seed=config.reward.seed)
-        # Scored as the reward model reads them in training (EOS appended).
-        pairs = trainer.encode([{c: s[k] for c, k in (
-            (config.reward.prompt_field, "prompt"), (config.reward.chosen_field, "response"),
-            (config.reward.rejected_field, "response"))} for s in samples], "policy samples")
-        summary["normalisation"] = trainer.normalise(
-            input_ids=pairs.chosen_ids, attention_mask=pairs.chosen_mask)
+        ids, mask = policy_samples(config, _prompts(config, trainer.train_records),
+                                   seed=config.reward.seed, reward_tokenizer=trainer.tokenizer)
+        summary["normalisation"] = trainer.normalise(input_ids=ids, attention_mask=mask)
       summary["export_dir"] = str(trainer.export(config.export_path))
       logger.info("Reward model written to %s.", config.export_path)
     return summary
