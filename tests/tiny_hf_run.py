@@ -1,8 +1,9 @@
 """Tiny random Hugging Face checkpoints and data files for the stage and example-config tests.
 
 `make_checkpoint(root, family)` writes a 1-layer causal LM of a supported family (Llama, Qwen3)
-with a word-level tokenizer (pad distinct from EOS) to `root/family`; `write_data(root)` writes
-the SFT pairs, preference triples and prompts those tests train on. Nothing is downloaded.
+with a word-level tokenizer (pad distinct from EOS) to `root/family`; `make_reward_checkpoint`
+a one-label reward model of the same family; `write_data(root)` writes the SFT pairs, preference
+triples and prompts those tests train on. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -55,6 +56,26 @@ def make_checkpoint(root: pathlib.Path, family: str = "llama", *, seed: int = 0)
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(config)
   path = pathlib.Path(root) / family
+  model.save_pretrained(path)
+  tok.save_pretrained(path)
+  return str(path)
+
+
+def make_reward_checkpoint(root: pathlib.Path, family: str = "llama", *, seed: int = 1) -> str:
+  """Writes a tiny random one-label `*ForSequenceClassification` model with the tokenizer."""
+  import torch
+  import transformers
+
+  tok = tokenizer()
+  cls_name, kwargs = FAMILIES[family]
+  config = getattr(transformers, cls_name)(
+      vocab_size=len(tok), bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+      pad_token_id=tok.pad_token_id, num_labels=1, **kwargs)
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForSequenceClassification.from_config(config)
+  with torch.no_grad():
+    model.score.weight.normal_(0.0, 1.0)
+  path = pathlib.Path(root) / f"{family}_reward"
   model.save_pretrained(path)
   tok.save_pretrained(path)
   return str(path)
