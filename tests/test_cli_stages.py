@@ -105,6 +105,10 @@ def test_reward_stage_normalises_on_sft_policy_samples(assets, tmp_path, capsys)
   np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=1e-3)
   hf = transformers.AutoModelForSequenceClassification.from_pretrained(summary["export_dir"])
   assert hf.config.num_labels == 1
+  # The normalisation settings only change the export: a run may resume with other ones.
+  assert main(["reward", *argv, "normalise_samples=4"]) == 0
+  again, _ = _summary(capsys)
+  assert again["steps_run"] == 0 and again["normalisation"]["samples"] == 4
 
 
 def _write(path: pathlib.Path, text: str) -> str:
@@ -193,6 +197,9 @@ def test_pipeline_wiring_and_errors(tmp_path):
   assert load_pipeline([str(path), "ppo.reward_model_path=mine"])["ppo"].reward_model_path == (
       "mine")
 
+  swapped = load_pipeline([str(path), "ppo.reward_function=length"])["ppo"]
+  assert (swapped.reward_function, swapped.reward_model_path) == ("length", None)
+
   def error(argv, text=None):
     if text is not None:
       path.write_text(text)
@@ -208,3 +215,5 @@ def test_pipeline_wiring_and_errors(tmp_path):
   assert "section 'reward'" in message and "Did you mean 'normalise'" in message
   message = error([str(path), "sft.sft.packing=maybe"], "sft: sft.yaml\n")
   assert "sft.packing" in message and "bool" in message
+  message = error([str(path)], "reward: {model_path: m, train_path: p.jsonl}\n")
+  assert "reward stage" in message and "run_dir" in message and "out_dir" in message

@@ -99,16 +99,21 @@ def _override_keys(overrides: Sequence[str]) -> set[str]:
   return {parse_override(o)[0].partition(".")[0] for o in overrides}
 
 
-def _load(name: str, data: dict[str, Any], overrides: list[str]):
+def _load(name: str, data: dict[str, Any], overrides: list[str], source: str):
   """The stage's config: `data` with `overrides` applied, loaded by the stage's own loader (so
-  `ppo` presets apply as in `jax-ppo train`)."""
-  apply_overrides(STAGES[name], data, overrides)  # errors name the override before anything
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, f"{name}.yaml")
-    with open(path, "w", encoding="utf-8") as f:
-      yaml.safe_dump(data, f, sort_keys=False)
-    loader = {"sft": load_sft_config, "reward": load_reward_config, "ppo": load_run_config}[name]
-    return loader([path, *overrides])
+  `ppo` presets apply as in `jax-ppo train`); errors say which stage."""
+  try:
+    apply_overrides(STAGES[name], data, overrides)  # errors name the override before anything
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, f"{name}.yaml")
+      with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+      loader = {"sft": load_sft_config, "reward": load_reward_config,
+                "ppo": load_run_config}[name]
+      return loader([path, *overrides])
+  except ValueError as e:
+    hint = " (or set out_dir in the pipeline file)" if "run_dir" in str(e) else ""
+    raise ValueError(f"{source}, {name} stage: {e}{hint}") from None
 
 
 def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
@@ -156,12 +161,13 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
   configs: dict[str, Any] = {name: None for name in STAGES}
   start = model_path
   if sections["sft"] is not None:
-    configs["sft"] = _load("sft", defaults("sft", {"model_path": model_path}), per_stage["sft"])
+    configs["sft"] = _load("sft", defaults("sft", {"model_path": model_path}),
+                           per_stage["sft"], source)
     start = str(configs["sft"].export_path)
   reward_model = None
   if sections["reward"] is not None:
     configs["reward"] = _load("reward", defaults(
-        "reward", {"model_path": start, "policy_path": start}), per_stage["reward"])
+        "reward", {"model_path": start, "policy_path": start}), per_stage["reward"], source)
     reward_model = str(configs["reward"].export_path)
   if sections["ppo"] is not None:
     values: dict[str, Any] = {"policy_path": start}
@@ -170,7 +176,10 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
         sections["ppo"].get("reward_function") is not None and "reward_model_path" not in ppo_keys)
     if not function:
       values["reward_model_path"] = reward_model
-    configs["ppo"] = _load("ppo", defaults("ppo", values), per_stage["ppo"])
+    data = defaults("ppo", values)
+    if "reward_function" in ppo_keys and "reward_model_path" not in ppo_keys:
+      data["reward_model_path"] = None  # a reward function named on the command line replaces it
+    configs["ppo"] = _load("ppo", data, per_stage["ppo"], source)
   return configs
 
 

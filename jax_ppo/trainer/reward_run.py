@@ -42,6 +42,7 @@ from jax_ppo.models import (
 )
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
+from jax_ppo.trainer.loop import RunOptions
 from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
 from jax_ppo.trainer.stage_io import (
     StageRunConfig,
@@ -100,6 +101,18 @@ class RewardRunConfig(StageRunConfig):
     if not (isinstance(self.normalise_temperature, int | float)
             and self.normalise_temperature > 0):
       bad("normalise_temperature", "use a value > 0")
+
+  def run_options(self) -> RunOptions:
+    """As `StageRunConfig.run_options`; the normalisation settings may also change on resume."""
+    options = super().run_options()
+    return dataclasses.replace(options,
+                               resume_ignore=(*options.resume_ignore, *NORMALISATION_FIELDS))
+
+
+NORMALISATION_FIELDS = ("normalise", "policy_path", "normalise_prompts_path", "normalise_samples",
+                        "normalise_max_new_tokens", "normalise_temperature")
+"""Fields that only change the normalisation applied at export, not the trained checkpoints: they
+may change between invocations of one run."""
 
 
 def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:
@@ -236,6 +249,7 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
 
 
 __all__ = [
+    "NORMALISATION_FIELDS",
     "RewardRunConfig",
     "build_reward_trainer",
     "load_reward_config",
