@@ -74,6 +74,9 @@ def test_sft_resumes_refuses_a_changed_config_and_exports(assets, tmp_path, caps
   steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text()
            .splitlines() if "train/loss" in line]
   assert steps == [1, 2, 3]
+  assert main(argv) == 0  # complete: nothing more is trained, the model is exported again
+  third, _ = _summary(capsys)
+  assert (third["step"], third["steps_run"], third["complete"]) == (3, 0, True)
   export = pathlib.Path(second["export_dir"])
   assert export == run_dir / "hf_model"
   hf = transformers.AutoModelForCausalLM.from_pretrained(export)

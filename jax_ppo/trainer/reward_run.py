@@ -223,7 +223,10 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
     if trainer.step_count >= trainer.total_steps:
       logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
                   trainer.step_count, trainer.total_steps)
-    history = trainer.train(config.steps_per_run)
+    left = max(trainer.total_steps - trainer.step_count, 0)
+    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
+    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
+                                                                           left))
     complete = trainer.step_count >= trainer.total_steps
     summary: dict[str, Any] = {
         "stage": "reward", "run_dir": config.run_dir, "step": trainer.step_count,
