@@ -220,3 +220,18 @@ def test_pipeline_wiring_and_errors(tmp_path):
   assert "sft.packing" in message and "bool" in message
   message = error([str(path)], "reward: {model_path: m, train_path: p.jsonl}\n")
   assert "reward stage" in message and "run_dir" in message and "out_dir" in message
+
+
+def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
+  root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+  monkeypatch.syspath_prepend(str(root))
+  from hf_checkpoint_ppo import main as pipeline_main
+
+  assert pipeline_main([str(tmp_path / "none.yaml")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("hf_checkpoint_ppo: error: ") and "does not exist" in err
+  assert len(err.strip().splitlines()) == 1
+  (tmp_path / "p.yaml").write_text("sft: {model_path: m, train_path: t.jsonl, run_dir: r}\n")
+  assert pipeline_main([str(tmp_path / "p.yaml"), "sft.sft.batch_size=-1"]) == 2
+  err = capsys.readouterr().err
+  assert "sft stage" in err and "SFTConfig.batch_size=-1 is invalid" in err
