@@ -4,6 +4,8 @@
     jax-ppo eval --run-dir DIR --prompts FILE [--greedy | --temperature T [--n N]] [--out FILE]
     jax-ppo export --run-dir DIR --out PATH
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
+    jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.trainer.sft_run)
+    jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.trainer.reward_run)
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.trainer.run`); `key=value` arguments override its
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
@@ -70,7 +72,42 @@ def _parser() -> argparse.ArgumentParser:
   export.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
   export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                       help="dtype of the written weights (default: as trained)")
+  for name, what, example in (
+      ("sft", "supervised fine-tuning of a local Hugging Face causal LM (the SFT stage)",
+       "model_path=models/qwen3 train_path=sft.jsonl sft.learning_rate=1e-5"),
+      ("reward", "train, normalise and export a pairwise reward model (the reward stage)",
+       "model_path=runs/sft/hf_model train_path=prefs.jsonl reward.num_epochs=2"),
+  ):
+    stage = commands.add_parser(
+        name, help=f"{what}; resumes the run in run_dir",
+        description=f"{what[0].upper()}{what[1:]}. CONFIG is a YAML/JSON "
+                    f"{'SFTRunConfig' if name == 'sft' else 'RewardRunConfig'}; key=value "
+                    f"arguments override its fields, e.g. {example}. When the run is complete "
+                    "the model is exported to export_dir (default RUN_DIR/hf_model).",
+    )
+    stage.add_argument("args", nargs="*", metavar="CONFIG | key=value")
   return parser
+
+
+def _run_stage(command: str, argv: Sequence[str]) -> int:
+  """`jax-ppo sft|reward`: trains (or resumes) the stage and prints its summary as JSON."""
+  if command == "sft":
+    from jax_ppo.trainer.sft_run import load_sft_config, run_sft
+
+    config = load_sft_config(argv)
+    summary = run_sft(config)
+  else:
+    from jax_ppo.trainer.reward_run import load_reward_config, run_reward
+
+    config = load_reward_config(argv)
+    summary = run_reward(config)
+  if summary.get("preempted"):
+    again = " ".join(["jax-ppo", command, *map(shlex.quote, argv)])
+    print(f"jax-ppo {command}: stopped by {summary['preempted']}; the latest state is "
+          f"checkpointed in {config.run_dir!r}. To resume, run the same command again: {again}",
+          file=sys.stderr)
+  print(json.dumps(summary))
+  return 0
 
 
 def _one_line(error: BaseException) -> str:
@@ -96,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   from jax_ppo.trainer.trainer import RunCollapsed
 
   try:
+    if args.command in ("sft", "reward"):
+      return _run_stage(args.command, args.args)
     if args.command == "train":
       config = run.load_run_config(args.args)
       history = run.run_training(config)

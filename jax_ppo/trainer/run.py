@@ -16,7 +16,6 @@ reward model when there is one (item 15), else it is a zero-initialised value he
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import os

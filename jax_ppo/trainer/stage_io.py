@@ -1,0 +1,231 @@
+"""What the SFT and reward-model run configs share: record files, model folders, config loading.
+
+`read_records` reads the training data of a stage (a JSONL file, one JSON object per line, or a
+JSON file holding a list of objects) and checks that every record has the fields the stage needs,
+so a malformed record is reported with the config field, the file and the line. It is the one
+place to swap for the `jax_ppo.data` readers (Parquet, `datasets` folders) once they exist.
+`load_stage_config` builds a frozen stage config from a YAML/JSON file and `key=value` overrides
+with `jax_ppo.config_io` (unknown keys are named with the nearest valid one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from jax_ppo.config_io import apply_overrides, check_keys, config_from_dict, read_config_file
+from jax_ppo.models import LoRAConfig
+from jax_ppo.trainer.loop import RunOptions
+
+T = TypeVar("T")
+
+RECORD_SUFFIXES = (".jsonl", ".json")
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
+                            "tensorboard", "progress")
+"""Stage-config fields that may change between invocations of one run (they do not change what
+is computed); a difference in any other field refuses to resume."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageRunConfig:
+  """The fields every stage run (SFT, reward model) has: model, data, run folder, export."""
+
+  model_path: str
+  """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer)."""
+  train_path: str
+  """Training records: a .jsonl file (one JSON object per line) or a .json list of objects."""
+  run_dir: str
+  """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/."""
+  eval_path: str | None = None
+  """Held-out records (same format); None holds out the stage config's `eval_fraction`."""
+  export_dir: str | None = None
+  """Where the trained model is written as a Hugging Face folder when the run is complete;
+  None: `<run_dir>/hf_model`."""
+  lora: LoRAConfig | None = None
+  """Train LoRA adapters instead of every weight (merged into the exported folder)."""
+  dtype: str = "float32"
+  """Compute dtype: "float32", "bfloat16" or "float16" (weights stay float32)."""
+  pad_token: str | None = None
+  """Pad token of the tokenizer (None: the tokenizer's own, or an unused special token)."""
+  resize_embeddings: bool = False
+  """Add a pad token when the tokenizer has no usable one and grow the embedding to fit."""
+  steps_per_run: int | None = None
+  """Stop after this many steps in one invocation (None: run to the end); run again to go on."""
+  save_every: int = 50
+  """Checkpoint every this many steps (and at the end of each invocation)."""
+  keep_last: int = 2
+  """Number of most recent checkpoints kept."""
+  tensorboard: bool = False
+  """Write TensorBoard events."""
+  progress: bool = True
+  """Show a progress bar."""
+
+  def __post_init__(self):
+    name = type(self).__name__
+
+    def bad(field: str, fix: str):
+      raise ValueError(f"{name}.{field}={getattr(self, field)!r} is invalid: {fix}.")
+
+    for field in ("model_path", "train_path", "run_dir"):
+      if not isinstance(getattr(self, field), str) or not getattr(self, field):
+        bad(field, "give a path")
+    for field in ("eval_path", "export_dir", "pad_token"):
+      value = getattr(self, field)
+      if value is not None and (not isinstance(value, str) or not value):
+        bad(field, "give a non-empty string, or null")
+    if self.dtype not in DTYPE_NAMES:
+      bad("dtype", f"choose one of {list(DTYPE_NAMES)}")
+    for field in ("resize_embeddings", "tensorboard", "progress"):
+      if not isinstance(getattr(self, field), bool):
+        bad(field, "use true or false")
+    if self.steps_per_run is not None and (
+        isinstance(self.steps_per_run, bool) or not isinstance(self.steps_per_run, int)
+        or self.steps_per_run < 1):
+      bad("steps_per_run", "use an int >= 1 or null")
+    try:
+      self.run_options()
+    except ValueError as e:
+      raise ValueError(str(e).replace("RunOptions.", f"{name}.")) from None
+
+  @property
+  def export_path(self) -> pathlib.Path:
+    """The folder the trained model is exported to."""
+    return pathlib.Path(self.export_dir or os.path.join(self.run_dir, "hf_model"))
+
+  def run_options(self) -> RunOptions:
+    """The run folder's `RunOptions` (no samples: these stages generate nothing)."""
+    return RunOptions(save_every=self.save_every, keep_last=self.keep_last, log_samples_every=0,
+                      tensorboard=self.tensorboard, progress=self.progress,
+                      resume_ignore=STAGE_OPERATIONAL_FIELDS)
+
+
+def load_stage_config(cls: type[T], argv: Sequence[str]) -> T:
+  """A stage config (`SFTRunConfig`, `RewardRunConfig`) from at most one YAML/JSON file and
+  `key=value` overrides (e.g. `["sft.yaml", "sft.learning_rate=1e-5"]`).
+
+  Raises:
+    ValueError: unknown keys (with the nearest valid one), bad values, several files.
+    FileNotFoundError: the config file does not exist.
+  """
+  files = [a for a in argv if "=" not in a]
+  overrides = [a for a in argv if "=" in a]
+  if len(files) > 1:
+    raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
+  data = read_config_file(files[0]) if files else {}
+  if files:
+    check_keys(cls, data, source=f"Config file {files[0]!r}")
+  return config_from_dict(cls, apply_overrides(cls, data, overrides))
+
+
+def check_model_folder(field: str, path: str | None) -> None:
+  """FileNotFoundError naming `field` unless `path` (when given) is a Hugging Face folder."""
+  if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    raise FileNotFoundError(
+        f"{field}={path!r}: no Hugging Face model folder there (config.json is missing); give a "
+        "local folder written by save_pretrained (or by an earlier jax-ppo stage's export_dir)."
+    )
+
+
+def check_records_file(path: str, *, field: str) -> pathlib.Path:
+  """The records file as a path; FileNotFoundError/ValueError naming `field` when unusable."""
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(f"{field}={path!r}: no such file; give a .jsonl file (one JSON "
+                            "object per line) or a .json file holding a list of objects.")
+  if file.suffix.lower() not in RECORD_SUFFIXES:
+    raise ValueError(f"{field}={path!r}: unsupported suffix {file.suffix!r}; give a .jsonl file "
+                     "(one JSON object per line) or a .json list of objects.")
+  return file
+
+
+def _json_list(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
+  try:
+    data = json.loads(file.read_text(encoding="utf-8"))
+  except UnicodeDecodeError:
+    raise ValueError(f"{where}: not valid UTF-8; save the file as UTF-8.") from None
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}, line {e.lineno}, column {e.colno}: invalid JSON "
+                     f"({e.msg}).") from None
+  if not isinstance(data, list):
+    raise ValueError(f"{where}: a .json file must hold a list of objects, got "
+                     f"{type(data).__name__}; or write one object per line in a .jsonl file.")
+  return [(i, record) for i, record in enumerate(data)]
+
+
+def _jsonl(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
+  out = []
+  for number, raw in enumerate(file.read_bytes().splitlines(), start=1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{where}, line {number}: not valid UTF-8 (column {e.start + 1}); save "
+                       "the file as UTF-8.") from None
+    if not line.strip():
+      continue
+    try:
+      out.append((number, json.loads(line)))
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where}, line {number}, column {e.colno}: invalid JSON ({e.msg}); "
+                       "write one JSON object per line.") from None
+  return out
+
+
+def read_records(
+    path: str,
+    *,
+    field: str,
+    required: Sequence[str | tuple[str, ...]],
+) -> list[dict[str, Any]]:
+  """The records (JSON objects) of a .jsonl or .json file, each checked for its fields.
+
+  Args:
+    path: the file.
+    field: how errors name the path (e.g. "SFTRunConfig.train_path").
+    required: field names every record must have; a tuple of names is a choice (any one of
+      them, e.g. `("messages", "prompt")`); `None` values count as missing.
+
+  Raises:
+    FileNotFoundError / ValueError: naming `field`, the file, the line (JSONL; the index in a
+      .json list) and the fix.
+  """
+  file = check_records_file(path, field=field)
+  where = f"{field}={path!r}"
+  rows = _json_list(file, where) if file.suffix.lower() == ".json" else _jsonl(file, where)
+  unit = "item" if file.suffix.lower() == ".json" else "line"
+  records = []
+  for number, record in rows:
+    if not isinstance(record, dict):
+      raise ValueError(f"{where}, {unit} {number}: expected a JSON object, got "
+                       f"{type(record).__name__}.")
+    for need in required:
+      names = need if isinstance(need, tuple) else (need,)
+      if not any(record.get(name) is not None for name in names):
+        wanted = " or ".join(f'"{n}"' for n in names)
+        raise ValueError(
+            f"{where}, {unit} {number}: the record has no {wanted} (its keys: "
+            f"{sorted(map(str, record))}); add it, or name the record's own field in the config "
+            "(e.g. sft.prompt_field, reward.chosen_field)."
+        )
+    records.append(record)
+  if not records:
+    raise ValueError(f"{where} holds no records; give at least one JSON object.")
+  return records
+
+
+__all__ = [
+    "DTYPE_NAMES",
+    "RECORD_SUFFIXES",
+    "STAGE_OPERATIONAL_FIELDS",
+    "StageRunConfig",
+    "check_model_folder",
+    "check_records_file",
+    "load_stage_config",
+    "read_records",
+]

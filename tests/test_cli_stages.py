@@ -1,0 +1,237 @@
+"""`jax-ppo sft` and `jax-ppo reward` (jax_ppo.trainer.sft_run / reward_run) and the pipeline
+loader (jax_ppo.trainer.pipeline), on tiny random Hugging Face checkpoints built locally.
+
+Stage runs resume (`steps_per_run`), refuse a changed configuration, export Hugging Face folders
+that transformers reads, and the reward stage's normalisation gives SFT-policy samples mean 0 and
+std 1 (docs/rlhf_details.md item 16). Every bad input is one line naming the field and the fix.
+"""
+
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch", reason="torch builds the tiny Hugging Face models")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from jax_ppo.cli import main  # noqa: E402
+from jax_ppo.models import load_scalar_model  # noqa: E402
+from jax_ppo.trainer.pipeline import load_pipeline  # noqa: E402
+from jax_ppo.trainer.reward_run import (  # noqa: E402
+    _prompts,
+    build_reward_trainer,
+    load_reward_config,
+    policy_samples,
+)
+from jax_ppo.trainer.sft_run import build_sft_trainer, load_sft_config  # noqa: E402
+from tests.tiny_hf_run import make_checkpoint, write_data  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
+SFT = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4", "sft.warmup_steps=0",
+       "progress=false", "tensorboard=false"]
+REWARD = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4", "reward.total_steps=2",
+          "normalise_max_new_tokens=4", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+  root = tmp_path_factory.mktemp("stages")
+  return {"root": root, "model": make_checkpoint(root, "llama"), **write_data(root)}
+
+
+def _summary(capsys) -> tuple[dict, str]:
+  out, err = capsys.readouterr()
+  lines = [line for line in out.splitlines() if line.startswith("{")]
+  return (json.loads(lines[-1]) if lines else {}), err
+
+
+@pytest.mark.slow
+def test_sft_resumes_refuses_a_changed_config_and_exports(assets, tmp_path, capsys):
+  run_dir = tmp_path / "sft"
+  argv = ["sft", f"model_path={assets['model']}", f"train_path={assets['sft']}",
+          f"run_dir={run_dir}", "sft.total_steps=3", "sft.eval_fraction=0.25",
+          "steps_per_run=2", *SFT]
+  assert main(argv) == 0
+  first, _ = _summary(capsys)
+  assert (first["step"], first["complete"], first["export_dir"]) == (2, False, None)
+  assert not (run_dir / "hf_model").exists()
+  assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
+
+  # A computing field changed: refused, naming the field; nothing trained.
+  assert main([*argv, "sft.learning_rate=1e-3"]) == 2
+  out, err = capsys.readouterr()
+  assert "learning_rate" in err and len(err.strip().splitlines()) == 1
+
+  assert main(argv) == 0  # the same command resumes and finishes
+  second, _ = _summary(capsys)
+  assert (second["step"], second["steps_run"], second["complete"]) == (3, 1, True)
+  assert math.isclose(second["eval/perplexity"], math.exp(second["eval/loss"]), rel_tol=1e-6)
+  steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text()
+           .splitlines() if "train/loss" in line]
+  assert steps == [1, 2, 3]
+  assert main(argv) == 0  # complete: nothing more is trained, the model is exported again
+  third, _ = _summary(capsys)
+  assert (third["step"], third["steps_run"], third["complete"]) == (3, 0, True)
+  export = pathlib.Path(second["export_dir"])
+  assert export == run_dir / "hf_model"
+  hf = transformers.AutoModelForCausalLM.from_pretrained(export)
+  tok = transformers.AutoTokenizer.from_pretrained(export)
+  ids = torch.tensor([tok("the movie was good")["input_ids"]])
+  assert torch.isfinite(hf(ids).logits).all()
+
+
+@pytest.mark.slow
+def test_reward_stage_normalises_on_sft_policy_samples(assets, tmp_path, capsys):
+  argv = [f"model_path={assets['model']}", f"train_path={assets['prefs']}",
+          f"eval_path={assets['prefs']}", f"run_dir={tmp_path / 'rm'}", "normalise_samples=8",
+          *REWARD]
+  assert main(["reward", *argv]) == 0
+  summary, _ = _summary(capsys)
+  assert summary["complete"] and summary["normalisation"]["samples"] == 8
+  assert 0.0 <= summary["eval/accuracy"] <= 1.0
+  # The exported model scores the same policy samples with mean 0 and std 1.
+  config = load_reward_config(argv)
+  trainer = build_reward_trainer(config)
+  try:
+    ids, mask = policy_samples(config, _prompts(config, trainer.train_records),
+                               seed=config.reward.seed, reward_tokenizer=trainer.tokenizer)
+  finally:
+    trainer.close()
+  model = load_scalar_model(summary["export_dir"])
+  scores = np.asarray(model.score(ids, mask))
+  assert scores.shape == (8,)
+  np.testing.assert_allclose([scores.mean(), scores.std()], [0.0, 1.0], atol=1e-3)
+  hf = transformers.AutoModelForSequenceClassification.from_pretrained(summary["export_dir"])
+  assert hf.config.num_labels == 1
+  # The normalisation settings only change the export: a run may resume with other ones.
+  assert main(["reward", *argv, "normalise_samples=4"]) == 0
+  again, _ = _summary(capsys)
+  assert again["steps_run"] == 0 and again["normalisation"]["samples"] == 4
+
+
+def _write(path: pathlib.Path, text: str) -> str:
+  path.write_text(text, encoding="utf-8")
+  return str(path)
+
+
+@pytest.mark.parametrize("stage,extra,message", [
+    ("sft", ["sft.learning_rat=1e-5"], "Did you mean 'learning_rate'"),
+    ("sft", ["dtype=float8"], "SFTRunConfig.dtype='float8' is invalid"),
+    ("sft", ["steps_per_run=0"], "SFTRunConfig.steps_per_run=0 is invalid"),
+    ("sft", ["sft.batch_size=0"], "SFTConfig.batch_size=0 is invalid"),
+    ("sft", ["train_path=MISSING.jsonl"], "SFTRunConfig.train_path='MISSING.jsonl': no such file"),
+    ("sft", ["train_path=BAD_SUFFIX"], "unsupported suffix '.csv'"),
+    ("sft", ["train_path=NO_RESPONSE"], 'line 2: the record has no "messages" or "response"'),
+    ("sft", ["train_path=BAD_JSON"], "line 3, column"),
+    ("sft", ["model_path=NOT_A_MODEL"], "SFTRunConfig.model_path="),
+    ("reward", ["normalise_samples=0"], "RewardRunConfig.normalise_samples=0 is invalid"),
+    ("reward", ["reward.chosen_feild=x"], "Did you mean 'chosen_field'"),
+    ("reward", ["train_path=NO_REJECTED"], 'line 1: the record has no "rejected"'),
+])
+def test_bad_inputs_get_one_line_naming_the_field(stage, extra, message, assets, tmp_path,
+                                                  capsys):
+  files = {
+      "MISSING.jsonl": str(tmp_path / "missing.jsonl"),
+      "BAD_SUFFIX": _write(tmp_path / "data.csv", "prompt,response\n"),
+      "NO_RESPONSE": _write(tmp_path / "a.jsonl", '{"prompt": "a", "response": "b"}\n'
+                                                  '{"prompt": "a", "answer": "b"}\n'),
+      "BAD_JSON": _write(tmp_path / "b.jsonl", '{"prompt": "a", "response": "b"}\n\n{"prompt": \n'),
+      "NOT_A_MODEL": str(tmp_path),
+      "NO_REJECTED": _write(tmp_path / "c.jsonl", '{"prompt": "a", "chosen": "b"}\n'),
+  }
+  extra = [e.split("=")[0] + "=" + files.get(e.split("=")[1], e.split("=")[1]) for e in extra]
+  message = message.replace("'MISSING.jsonl'", repr(files["MISSING.jsonl"]))
+  data = assets["sft"] if stage == "sft" else assets["prefs"]
+  argv = [stage, f"model_path={assets['model']}", f"train_path={data}",
+          f"run_dir={tmp_path / 'run'}", *(SFT if stage == "sft" else REWARD), *extra]
+  assert main(argv) == 2
+  out, err = capsys.readouterr()
+  assert out == ""
+  assert err.startswith(f"jax-ppo {stage}: error: ") and len(err.strip().splitlines()) == 1
+  assert message in err, err
+
+
+def test_field_names_and_json_files_are_configurable(assets, tmp_path):
+  """Records with the user's own field names (sft.*_field, reward.*_field), as .json lists."""
+  sft = _write(tmp_path / "sft.json", json.dumps(
+      [{"question": "the movie was", "answer": "good"}] * 4))
+  prefs = _write(tmp_path / "prefs.json", json.dumps(
+      [{"q": "the plot", "better": "great fun", "worse": "dull"}] * 4))
+  trainer = build_sft_trainer(load_sft_config([
+      f"model_path={assets['model']}", f"train_path={sft}", f"run_dir={tmp_path / 's'}",
+      "sft.prompt_field=question", "sft.response_field=answer", *SFT]))
+  try:
+    assert trainer.train_rows.num_rows == 4
+  finally:
+    trainer.close()
+  trainer = build_reward_trainer(load_reward_config([
+      f"model_path={assets['model']}", f"train_path={prefs}", f"run_dir={tmp_path / 'r'}",
+      "reward.prompt_field=q", "reward.chosen_field=better", "reward.rejected_field=worse",
+      *REWARD]))
+  try:
+    assert trainer.train_pairs.num_pairs == 4
+  finally:
+    trainer.close()
+
+
+def test_pipeline_wiring_and_errors(tmp_path):
+  (tmp_path / "sft.yaml").write_text("model_path: elsewhere\ntrain_path: s.jsonl\n"
+                                     "run_dir: runs/sft\n")
+  pipeline = {"model_path": "base", "out_dir": str(tmp_path / "out"), "sft": "sft.yaml",
+              "reward": {"train_path": "p.jsonl"},
+              "ppo": {"prompts_path": "q.jsonl", "reward_function": "length"}}
+  path = tmp_path / "pipe.yaml"
+  path.write_text(yaml.safe_dump(pipeline))
+  configs = load_pipeline([str(path), "sft.sft.learning_rate=1e-4"])
+  sft, reward, ppo = configs["sft"], configs["reward"], configs["ppo"]
+  assert (sft.model_path, sft.run_dir) == ("base", str(tmp_path / "out" / "sft"))
+  assert sft.sft.learning_rate == 1e-4
+  assert reward.model_path == reward.policy_path == str(sft.export_path) == ppo.policy_path
+  assert ppo.reward_model_path is None and ppo.reward_function == "length"
+  # Without a reward function PPO reads the reward stage's export; an override still wins.
+  del pipeline["ppo"]["reward_function"]
+  path.write_text(yaml.safe_dump(pipeline))
+  assert load_pipeline([str(path)])["ppo"].reward_model_path == str(reward.export_path)
+  assert load_pipeline([str(path), "ppo.reward_model_path=mine"])["ppo"].reward_model_path == (
+      "mine")
+
+  swapped = load_pipeline([str(path), "ppo.reward_function=length"])["ppo"]
+  assert (swapped.reward_function, swapped.reward_model_path) == ("length", None)
+
+  def error(argv, text=None):
+    if text is not None:
+      path.write_text(text)
+    with pytest.raises((ValueError, FileNotFoundError)) as info:
+      load_pipeline(argv)
+    return str(info.value)
+
+  assert "Did you mean 'sft'" in error([str(path), "spt.run_dir=x"])
+  assert "Did you mean 'reward'" in error([str(path)], "rewad: {}\n")
+  assert "names no stage" in error([str(path)], "model_path: m\n")
+  assert "does not exist" in error([str(path)], "sft: nowhere.yaml\n")
+  message = error([str(path)], "reward: {train_path: p.jsonl, normalize: true}\n")
+  assert "section 'reward'" in message and "Did you mean 'normalise'" in message
+  message = error([str(path), "sft.sft.packing=maybe"], "sft: sft.yaml\n")
+  assert "sft.packing" in message and "bool" in message
+  message = error([str(path)], "reward: {model_path: m, train_path: p.jsonl}\n")
+  assert "reward stage" in message and "run_dir" in message and "out_dir" in message
+
+
+def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
+  root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
+  monkeypatch.syspath_prepend(str(root))
+  from hf_checkpoint_ppo import main as pipeline_main
+
+  assert pipeline_main([str(tmp_path / "none.yaml")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("hf_checkpoint_ppo: error: ") and "does not exist" in err
+  assert len(err.strip().splitlines()) == 1
+  (tmp_path / "p.yaml").write_text("sft: {model_path: m, train_path: t.jsonl, run_dir: r}\n")
+  assert pipeline_main([str(tmp_path / "p.yaml"), "sft.sft.batch_size=-1"]) == 2
+  err = capsys.readouterr().err
+  assert "sft stage" in err and "SFTConfig.batch_size=-1 is invalid" in err
