@@ -235,3 +235,29 @@ def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeyp
   assert pipeline_main([str(tmp_path / "p.yaml"), "sft.sft.batch_size=-1"]) == 2
   err = capsys.readouterr().err
   assert "sft stage" in err and "SFTConfig.batch_size=-1 is invalid" in err
+
+
+def test_stage_records_from_parquet_and_datasets_folders(tmp_path):
+  """Stage data may be JSONL, a .json list, Parquet or a local `datasets` folder: the same
+  records come back, and a record without a required field is named by its row."""
+  import datasets
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  from jax_ppo.trainer.stage_io import read_records
+
+  rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d"}]
+  (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "r.json").write_text(json.dumps(rows))
+  pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet")
+  datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+  for name in ("r.jsonl", "r.json", "r.parquet", "ds"):
+    got = read_records(str(tmp_path / name), field="SFTRunConfig.train_path",
+                       required=("prompt", "response"))
+    assert got == rows, name
+  pq.write_table(pa.Table.from_pylist([rows[0], {"prompt": "e", "response": None}]),
+                 tmp_path / "bad.parquet")
+  with pytest.raises(ValueError, match=r"SFTRunConfig.train_path=.*bad\.parquet.*row 1.*"
+                                       r"no \"response\""):
+    read_records(str(tmp_path / "bad.parquet"), field="SFTRunConfig.train_path",
+                 required=("prompt", "response"))

@@ -1,9 +1,9 @@
 """What the SFT and reward-model run configs share: record files, model folders, config loading.
 
-`read_records` reads the training data of a stage (a JSONL file, one JSON object per line, or a
-JSON file holding a list of objects) and checks that every record has the fields the stage needs,
-so a malformed record is reported with the config field, the file and the line. It is the one
-place to swap for the `jax_ppo.data` readers (Parquet, `datasets` folders) once they exist.
+`read_records` reads the training data of a stage (JSONL, Parquet or a local `datasets` folder
+through `jax_ppo.data.iter_records`, or a JSON file holding a list of objects) and checks that
+every record has the fields the stage needs, so a malformed record is reported with the config
+field, the file and the line (or row).
 `load_stage_config` builds a frozen stage config from a YAML/JSON file and `key=value` overrides
 with `jax_ppo.config_io` (unknown keys are named with the nearest valid one).
 """
@@ -18,12 +18,15 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from jax_ppo.config_io import apply_overrides, check_keys, config_from_dict, read_config_file
+from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig
 from jax_ppo.trainer.loop import RunOptions
 
 T = TypeVar("T")
 
-RECORD_SUFFIXES = (".jsonl", ".json")
+RECORD_SUFFIXES = (".jsonl", ".parquet", ".json")
+RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a local Hugging Face "
+                  "`datasets` folder (save_to_disk) or a .json file holding a list of objects")
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -40,7 +43,8 @@ class StageRunConfig:
   model_path: str
   """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer)."""
   train_path: str
-  """Training records: a .jsonl file (one JSON object per line) or a .json list of objects."""
+  """Training records: a .jsonl file (one JSON object per line), a .parquet file, a local
+  Hugging Face `datasets` folder, or a .json list of objects."""
   run_dir: str
   """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/."""
   eval_path: str | None = None
@@ -134,15 +138,16 @@ def check_model_folder(field: str, path: str | None) -> None:
 
 
 def check_records_file(path: str, *, field: str) -> pathlib.Path:
-  """The records file as a path; FileNotFoundError/ValueError naming `field` when unusable."""
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise FileNotFoundError(f"{field}={path!r}: no such file; give a .jsonl file (one JSON "
-                            "object per line) or a .json file holding a list of objects.")
-  if file.suffix.lower() not in RECORD_SUFFIXES:
-    raise ValueError(f"{field}={path!r}: unsupported suffix {file.suffix!r}; give a .jsonl file "
-                     "(one JSON object per line) or a .json list of objects.")
-  return file
+  """The records source as a path: a .json list of objects, or whatever
+  `jax_ppo.data.check_data_path` accepts (JSONL, Parquet, a local `datasets` folder);
+  FileNotFoundError/ValueError naming `field` when unusable."""
+  if str(path).lower().endswith(".json"):
+    file = pathlib.Path(path)
+    if not file.is_file():
+      raise FileNotFoundError(f"{field}={path!r}: no such file; give {RECORD_FORMATS}.")
+    return file
+  return check_data_path(path, name=field, suffixes=RECORD_SUFFIXES[:2],
+                         formats=RECORD_FORMATS)
 
 
 def _json_list(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
@@ -157,24 +162,6 @@ def _json_list(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
     raise ValueError(f"{where}: a .json file must hold a list of objects, got "
                      f"{type(data).__name__}; or write one object per line in a .jsonl file.")
   return [(i, record) for i, record in enumerate(data)]
-
-
-def _jsonl(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
-  out = []
-  for number, raw in enumerate(file.read_bytes().splitlines(), start=1):
-    try:
-      line = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-      raise ValueError(f"{where}, line {number}: not valid UTF-8 (column {e.start + 1}); save "
-                       "the file as UTF-8.") from None
-    if not line.strip():
-      continue
-    try:
-      out.append((number, json.loads(line)))
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where}, line {number}, column {e.colno}: invalid JSON ({e.msg}); "
-                       "write one JSON object per line.") from None
-  return out
 
 
 def read_records(
@@ -197,19 +184,20 @@ def read_records(
   """
   file = check_records_file(path, field=field)
   where = f"{field}={path!r}"
-  rows = _json_list(file, where) if file.suffix.lower() == ".json" else _jsonl(file, where)
-  unit = "item" if file.suffix.lower() == ".json" else "line"
+  if file.suffix.lower() == ".json":
+    rows = [(f"{where}, item {n}", r) for n, r in _json_list(file, where)]
+  else:  # JSONL, Parquet or a datasets folder, read by jax_ppo.data
+    rows = [(r.where, r.data) for r in iter_records(file, name=field)]
   records = []
-  for number, record in rows:
+  for place, record in rows:
     if not isinstance(record, dict):
-      raise ValueError(f"{where}, {unit} {number}: expected a JSON object, got "
-                       f"{type(record).__name__}.")
+      raise ValueError(f"{place}: expected a JSON object, got {type(record).__name__}.")
     for need in required:
       names = need if isinstance(need, tuple) else (need,)
       if not any(record.get(name) is not None for name in names):
         wanted = " or ".join(f'"{n}"' for n in names)
         raise ValueError(
-            f"{where}, {unit} {number}: the record has no {wanted} (its keys: "
+            f"{place}: the record has no {wanted} (its keys: "
             f"{sorted(map(str, record))}); add it, or name the record's own field in the config "
             "(e.g. sft.prompt_field, reward.chosen_field)."
         )
