@@ -47,14 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
+from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
-from jax_ppo.trainer.loop import RunLoop, RunOptions, TrainingHistory
+from jax_ppo.trainer.loop import RunLoop, RunOptions, RunStage
 from jax_ppo.trainer.optim import make_optimizer
 from jax_ppo.trainer.pairwise import (
     PreferencePairs,
@@ -194,7 +194,7 @@ def _chunks(n: int, size: int):
     yield np.concatenate([index, np.zeros(size - index.size, index.dtype)]), weight
 
 
-class RewardModelTrainer:
+class RewardModelTrainer(RunStage):
   """Trains a `ScalarModel` on preference pairs, evaluates, normalises and exports it.
 
   Args:
@@ -360,50 +360,12 @@ class RewardModelTrainer:
 
   # -- `Stage` of `RunLoop` -------------------------------------------------------------------
 
-  @property
-  def run_dir(self) -> pathlib.Path | None:
-    return self.run.run_dir
-
-  @property
-  def step_count(self) -> int:
-    return int(self.state.step)
-
-  def samples(self, *, limit: int) -> list[dict[str, Any]]:
-    """No samples: a reward model generates nothing."""
-    del limit
-    return []
-
   def checkpoint_extra(self) -> dict[str, Any]:
     return {"step": self.step_count, "stage": "reward_model"}
 
-  def checkpoint_arrays(self) -> dict[str, Any]:
-    return {}
-
   def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
     """Restores the state from a checkpoint (None: the latest); returns its extra."""
-    state, extra = checkpointer.restore(step, like=self.state)
-    if extra.get("stage") != "reward_model":
-      raise CheckpointError(f"The checkpoint in {str(checkpointer.directory)!r} was not written "
-                            "by a RewardModelTrainer; give a reward-model run folder.")
-    self.state = state
-    return extra
-
-  def scale_learning_rate(self, factor: float) -> float:
-    scale = float(self.state.lr_scale) * factor
-    lr = self.state.lr_scale
-    self.state = self.state.replace(lr_scale=jax.device_put(jnp.asarray(scale, lr.dtype),
-                                                            lr.sharding))
-    return scale
-
-  def close(self) -> None:
-    """Flushes the logs and closes the run folder (idempotent)."""
-    self.run.close()
-
-  def __enter__(self) -> RewardModelTrainer:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
+    return self.restore_stage_state(checkpointer, step, stage="reward_model")
 
   # -- training and evaluation --------------------------------------------------------------
 
@@ -416,12 +378,6 @@ class RewardModelTrainer:
     if c.eval_every and self.eval_pairs is not None and self.step_count % c.eval_every == 0:
       metrics.update(self.evaluate())
     return metrics
-
-  def train(self, num_steps: int | None = None, *, callback=None) -> TrainingHistory:
-    """Runs `num_steps` more steps (None: up to the run's `total_steps`); returns their metrics
-    (`train/loss`, `train/accuracy`, `train/margin`, ..., and `eval/*` every `eval_every`)."""
-    target = self.total_steps if num_steps is None else self.step_count + num_steps
-    return self.run.train(target, callback=callback)
 
   def evaluate(self, data: PreferencePairs | Sequence[Any] | None = None) -> dict[str, float]:
     """`{"eval/loss", "eval/accuracy", "eval/pairs"}` over every pair of `data` (default: the

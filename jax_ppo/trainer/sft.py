@@ -41,7 +41,7 @@ import optax
 from flax import nnx, struct
 
 from jax_ppo import core
-from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
+from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.sft import (
     SFTExample,
     SFTRows,
@@ -54,7 +54,7 @@ from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.trainer.config import LR_SCHEDULES
-from jax_ppo.trainer.loop import SKIPPED_METRIC, RunLoop, RunOptions, TrainingHistory
+from jax_ppo.trainer.loop import SKIPPED_METRIC, RunLoop, RunOptions, RunStage
 from jax_ppo.trainer.optim import make_optimizer
 
 Array = jax.Array
@@ -337,7 +337,7 @@ def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
-class SFTTrainer:
+class SFTTrainer(RunStage):
   """Supervised fine-tuning of a causal LM on (prompt, response) examples.
 
   Args:
@@ -475,52 +475,12 @@ class SFTTrainer:
 
   # -- run folder (the `Stage` of `RunLoop`) ------------------------------------------------
 
-  @property
-  def run_dir(self) -> pathlib.Path | None:
-    return self.run.run_dir
-
-  @property
-  def step_count(self) -> int:
-    return int(self.state.step)
-
-  def samples(self, *, limit: int) -> list[dict[str, Any]]:
-    """SFT generates nothing: no samples to log."""
-    del limit
-    return []
-
   def checkpoint_extra(self) -> dict[str, Any]:
     return {"stage": "sft", "step": self.step_count}
 
-  def checkpoint_arrays(self) -> dict[str, Any]:
-    return {}
-
   def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
     """Restores the `SFTState` of a checkpoint (None: the latest); returns its extra."""
-    state, extra = checkpointer.restore(step, like=self.state)
-    if extra.get("stage") != "sft":
-      raise CheckpointError(
-          f"The checkpoint in {str(checkpointer.directory)!r} was not written by an SFTTrainer; "
-          "use another run_dir."
-      )
-    self.state = state
-    return extra
-
-  def scale_learning_rate(self, factor: float) -> float:
-    scale = float(self.state.lr_scale) * factor
-    lr_scale = self.state.lr_scale
-    self.state = self.state.replace(
-        lr_scale=jax.device_put(jnp.asarray(scale, lr_scale.dtype), lr_scale.sharding))
-    return scale
-
-  def close(self) -> None:
-    """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent."""
-    self.run.close()
-
-  def __enter__(self) -> SFTTrainer:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
+    return self.restore_stage_state(checkpointer, step, stage="sft")
 
   # -- training and evaluation --------------------------------------------------------------
 
@@ -533,15 +493,6 @@ class SFTTrainer:
     if every and self.eval_rows is not None and self.step_count % every == 0:
       metrics.update(self.evaluate())
     return metrics
-
-  def train(self, num_steps: int | None = None, *, callback=None) -> TrainingHistory:
-    """Runs `num_steps` more steps (None: up to the run's `total_steps`); returns their
-    metrics. With a run folder a preemption signal stops early after a checkpoint
-    (`preempted`)."""
-    target = self.total_steps if num_steps is None else self.step_count + num_steps
-    history = self.run.train(target, callback=callback)
-    self.preempted = history.preempted
-    return history
 
   def evaluate(self, eval_data: Sequence[Any] | None = None) -> dict[str, float]:
     """Token-mean loss and perplexity (`exp(loss)`) over the held-out split (or `eval_data`).

@@ -73,6 +73,7 @@ from jax_ppo.trainer.loop import (
     RunCollapsed,
     RunLoop,
     RunOptions,
+    RunStage,
     StepAbandoned,
     TrainingHistory,
 )
@@ -121,7 +122,7 @@ def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
 logger = logging.getLogger("jax_ppo.trainer")
 
 
-class PPOTrainer:
+class PPOTrainer(RunStage):
   """PPO / GRPO / RLOO / REINFORCE++ for a causal LM.
 
   Args:
@@ -239,10 +240,6 @@ class PPOTrainer:
   # -- run folder: resume, logging, checkpoints (`RunLoop`) -----------------------------------
 
   @property
-  def run_dir(self) -> pathlib.Path | None:
-    return self.run.run_dir
-
-  @property
   def checkpointer(self) -> RunCheckpointer | None:
     return self.run.checkpointer
 
@@ -307,15 +304,6 @@ class PPOTrainer:
     """Pytrees of arrays saved beside the `TrainState`: the replay buffer's batches."""
     return {"replay": list(self.replay)} if self.replay else {}
 
-  def scale_learning_rate(self, factor: float) -> float:
-    """Multiplies `state.lr_scale` by `factor` (a rollback); returns the new scale."""
-    scale = float(self.state.lr_scale) * factor
-    lr_scale = self.state.lr_scale
-    self.state = self.state.replace(
-        lr_scale=jax.device_put(jnp.asarray(scale, lr_scale.dtype), lr_scale.sharding)
-    )
-    return scale
-
   def load_checkpoint(self, path: str | os.PathLike, *, step: int | None = None) -> int:
     """Restores a saved `TrainState` and data position (read-only; e.g. to evaluate or export).
 
@@ -340,24 +328,7 @@ class PPOTrainer:
     finally:
       checkpointer.close()
 
-  def close(self) -> None:
-    """Flushes the logs, waits for the last checkpoint and closes the run folder. Idempotent.
-
-    The trainer can still train afterwards, without logging or checkpointing.
-    """
-    self.run.close()
-
-  def __enter__(self) -> PPOTrainer:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
   # -- one update ----------------------------------------------------------------------------
-
-  @property
-  def step_count(self) -> int:
-    return int(self.state.step)
 
   def policy_state(self, state: TrainState | None = None) -> tuple:
     """The sampler's view of the policy: `(trainable, frozen rest)`."""

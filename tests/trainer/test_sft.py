@@ -331,3 +331,12 @@ def test_run_folder_resumes_like_the_uninterrupted_run_and_exports(tmp_path):
   mask = ids != 0
   np.testing.assert_allclose(np.asarray(reloaded(ids, mask)),
                              np.asarray(second.model()(ids, mask)), atol=1e-6)
+
+
+def test_train_never_runs_past_total_steps():
+  trainer = _trainer(dataclasses.replace(BASE, total_steps=3))
+  assert len(trainer.train(2)) == 2 and trainer.step_count == 2
+  assert len(trainer.train(5)) == 1 and trainer.step_count == 3  # capped at total_steps
+  assert len(trainer.train()) == 0 and trainer.step_count == 3
+  with trainer as same:  # a context manager that closes the (absent) run folder
+    assert same is trainer and same.run_dir is None
