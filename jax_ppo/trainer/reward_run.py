@@ -44,6 +44,7 @@ from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
 from jax_ppo.trainer.loop import RunOptions
 from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
+from jax_ppo.trainer.run import DTYPES
 from jax_ppo.trainer.stage_io import (
     StageRunConfig,
     check_model_folder,
@@ -53,9 +54,6 @@ from jax_ppo.trainer.stage_io import (
 )
 
 logger = logging.getLogger("jax_ppo.reward_run")
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardRunConfig(StageRunConfig):
@@ -150,7 +148,7 @@ def policy_samples(
   eos = load_config(path).eos_token_ids
   tokenizer = load_tokenizer(path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
-  policy = from_pretrained(path, dtype=_DTYPES[config.dtype], param_dtype=jnp.float32)
+  policy = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32)
   if config.resize_embeddings and len(tokenizer) > policy.config.vocab_size:
     resize_token_embeddings(policy, len(tokenizer))
   check_vocab_covers(tokenizer, policy.config)
@@ -191,7 +189,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   eos = load_config(config.model_path).eos_token_ids
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
-  model = load_scalar_model(config.model_path, seed=c.seed, dtype=_DTYPES[config.dtype],
+  model = load_scalar_model(config.model_path, seed=c.seed, dtype=DTYPES[config.dtype],
                             param_dtype=jnp.float32)
   if config.resize_embeddings and len(tokenizer) > model.config.vocab_size:
     resize_token_embeddings(model, len(tokenizer))

@@ -28,26 +28,24 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_ppo.models import (
-    add_lora,
-    check_vocab_covers,
-    from_pretrained,
-    load_config,
-    load_tokenizer,
-    resize_token_embeddings,
+  add_lora,
+  check_vocab_covers,
+  from_pretrained,
+  load_config,
+  load_tokenizer,
+  resize_token_embeddings,
 )
+from jax_ppo.trainer.run import DTYPES
 from jax_ppo.trainer.sft import SFTConfig, SFTTrainer
 from jax_ppo.trainer.stage_io import (
-    StageRunConfig,
-    check_model_folder,
-    check_records_file,
-    load_stage_config,
-    read_records,
+  StageRunConfig,
+  check_model_folder,
+  check_records_file,
+  load_stage_config,
+  read_records,
 )
 
 logger = logging.getLogger("jax_ppo.sft_run")
-
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SFTRunConfig(StageRunConfig):
@@ -88,7 +86,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   eos = load_config(config.model_path).eos_token_ids
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
-  model = from_pretrained(config.model_path, dtype=_DTYPES[config.dtype],
+  model = from_pretrained(config.model_path, dtype=DTYPES[config.dtype],
                           param_dtype=jnp.float32)
   _grow(config, model, tokenizer)
   if config.lora is not None:

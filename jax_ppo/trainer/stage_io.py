@@ -17,7 +17,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from jax_ppo.config_io import apply_overrides, check_keys, config_from_dict, read_config_file
+from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig
 from jax_ppo.trainer.loop import RunOptions
@@ -28,7 +28,7 @@ RECORD_SUFFIXES = (".jsonl", ".parquet", ".json")
 RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a local Hugging Face "
                   "`datasets` folder (save_to_disk) or a .json file holding a list of objects")
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of `run.DTYPES`
 
 STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
                             "tensorboard", "progress")
@@ -118,14 +118,7 @@ def load_stage_config(cls: type[T], argv: Sequence[str]) -> T:
     ValueError: unknown keys (with the nearest valid one), bad values, several files.
     FileNotFoundError: the config file does not exist.
   """
-  files = [a for a in argv if "=" not in a]
-  overrides = [a for a in argv if "=" in a]
-  if len(files) > 1:
-    raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
-  data = read_config_file(files[0]) if files else {}
-  if files:
-    check_keys(cls, data, source=f"Config file {files[0]!r}")
-  return config_from_dict(cls, apply_overrides(cls, data, overrides))
+  return config_from_argv(cls, argv)
 
 
 def check_model_folder(field: str, path: str | None) -> None:
