@@ -10,17 +10,16 @@ Restoring checks each step before reading its arrays (`CheckpointCorrupt` for a 
 readable step, moving damaged ones into `checkpoints/corrupt/`, never deleting.
 """
 
-from jax_ppo.checkpoint.manager import (
-    BEST_MODES,
+from jax_ppo.checkpoint.errors import (
     CheckpointConfigMismatch,
     CheckpointCorrupt,
     CheckpointError,
     CheckpointStructureMismatch,
-    RunCheckpointer,
-    abstract_like,
     check_config,
     config_differences,
 )
+from jax_ppo.checkpoint.integrity import abstract_like
+from jax_ppo.checkpoint.manager import BEST_MODES, RunCheckpointer
 
 __all__ = [
     "BEST_MODES",
