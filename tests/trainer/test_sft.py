@@ -340,3 +340,34 @@ def test_train_never_runs_past_total_steps():
   assert len(trainer.train()) == 0 and trainer.step_count == 3
   with trainer as same:  # a context manager that closes the (absent) run folder
     assert same is trainer and same.run_dir is None
+
+
+def test_sigterm_during_sft_checkpoints_and_the_rerun_ends_like_the_uninterrupted_run(tmp_path):
+  """Preemption of the SFT stage: SIGTERM during `train()` finishes the step in flight, writes a
+  checkpoint and returns (`preempted`); a new trainer on the run folder continues and ends
+  bit-equal to an uninterrupted run."""
+  import os
+  import signal
+
+  opts = RunOptions(save_every=10, progress=False, tensorboard=False, async_checkpointing=False)
+  config = dataclasses.replace(BASE, total_steps=5)
+  examples = _examples(12)
+  with _trainer(config, examples, run_dir=tmp_path / "ref", run_options=opts) as ref:
+    ref.train()
+    want = jax.tree.map(np.asarray, ref.state)
+
+  calls = []
+
+  def preempt(metrics):
+    calls.append(metrics)
+    if len(calls) == 2:  # after the second step's bookkeeping
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  with _trainer(config, examples, run_dir=tmp_path / "run", run_options=opts) as first:
+    history = first.train(callback=preempt)
+  assert history.preempted == "SIGTERM" and first.preempted == "SIGTERM"
+  assert first.step_count == 2 and len(history) == 2
+  with _trainer(config, examples, run_dir=tmp_path / "run", run_options=opts) as second:
+    assert second.step_count == 2  # the checkpoint written on the signal (save_every=10)
+    second.train()
+  jax.tree.map(np.testing.assert_array_equal, want, jax.tree.map(np.asarray, second.state))
