@@ -124,7 +124,8 @@ def stage_data(cfg: QuickstartConfig, out: pathlib.Path):
   d = out / "data"
   tok_dir = d / "tokenizer"
   if (d / "eval.jsonl").exists() and tok_dir.exists():
-    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True,
+                                        trust_remote_code=False)
     return tok, read_jsonl(d / "train.jsonl"), read_jsonl(d / "eval.jsonl"), True
   d.mkdir(parents=True, exist_ok=True)
   corpus = reviews.make_corpus(cfg.corpus_size, seed=cfg.seed)
