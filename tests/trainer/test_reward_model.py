@@ -277,17 +277,21 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
   assert transformers.AutoTokenizer.from_pretrained(str(path)).get_vocab() == tok.get_vocab()
 
 
-@pytest.mark.slow
-def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_path):
+def _run_trainer(run_dir=None, *, save_every: int):
+  """A 4-step reward-model run on toy pairs, optionally in `run_dir` (synchronous saves)."""
   config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16,
                              eos_token_id=EOS)
-  options = RunOptions(save_every=2, progress=False, tensorboard=False,
+  options = RunOptions(save_every=save_every, progress=False, tensorboard=False,
                        async_checkpointing=False)
-  data = _toy_records(40, 2)
+  return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                            train_data=_toy_records(40, 2), run_dir=run_dir,
+                            run_options=options)
 
+
+@pytest.mark.slow
+def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_path):
   def make(run_dir=None):
-    return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=data,
-                              run_dir=run_dir, run_options=options)
+    return _run_trainer(run_dir, save_every=2)
 
   straight = make()
   straight.train()
@@ -416,15 +420,8 @@ def test_sigint_during_reward_model_training_checkpoints_and_resumes_exactly(tmp
   import os
   import signal
 
-  config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16,
-                             eos_token_id=EOS)
-  options = RunOptions(save_every=10, progress=False, tensorboard=False,
-                       async_checkpointing=False)
-  data = _toy_records(40, 2)
-
-  def make(run_dir=None):
-    return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=data,
-                              run_dir=run_dir, run_options=options)
+  def make(run_dir=None):  # save_every=10: the only checkpoint is the one the signal writes
+    return _run_trainer(run_dir, save_every=10)
 
   straight = make()
   straight.train()
