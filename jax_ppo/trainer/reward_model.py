@@ -53,9 +53,8 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
-from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import RunLoop, RunOptions, RunStage
-from jax_ppo.trainer.optim import make_optimizer
+from jax_ppo.trainer.optim import check_stage_fields, is_int, make_optimizer
 from jax_ppo.trainer.pairwise import (
     PreferencePairs,
     RewardModelState,
@@ -133,27 +132,12 @@ class RewardModelConfig:
     def bad(field: str, fix: str):
       raise ValueError(f"RewardModelConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
 
-    def is_int(value) -> bool:
-      return isinstance(value, int) and not isinstance(value, bool)
-
     for field, low in (("max_length", 2), ("batch_size", 1), ("num_epochs", 1),
                        ("eval_every", 0), ("eval_batch_size", 1), ("warmup_steps", 0)):
       if not is_int(getattr(self, field)) or getattr(self, field) < low:
         bad(field, f"use an int >= {low}")
-    if self.max_consecutive_skips is not None and (not is_int(self.max_consecutive_skips)
-                                                   or self.max_consecutive_skips < 1):
-      bad("max_consecutive_skips", "use an int >= 1, or None to never stop")
-    if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
-      bad("total_steps", "use an int >= 1, or None for num_epochs passes over the pairs")
-    for field in ("pad_token_id", "eos_token_id"):
-      value = getattr(self, field)
-      if value is not None and (not is_int(value) or value < 0):
-        bad(field, "use a token id >= 0, or None to take it from the tokenizer")
-    for field in ("learning_rate", "adam_b1", "adam_b2", "adam_eps", "weight_decay"):
-      value = getattr(self, field)
-      if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(
-          value):
-        bad(field, "use a finite number")
+    check_stage_fields(self, bad, lr_hint="about 1e-5 for a full reward-model fine-tune",
+                       data="the pairs")
     if not isinstance(self.add_eos, bool):
       bad("add_eos", "use True or False")
     for field in ("prompt_field", "chosen_field", "rejected_field", "margin_field"):
@@ -161,23 +145,6 @@ class RewardModelConfig:
         bad(field, "give the record's field name as a non-empty string")
     if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
       bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
-    if self.lr_schedule not in LR_SCHEDULES:
-      bad("lr_schedule", f"choose one of {LR_SCHEDULES}")
-    if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-      bad("learning_rate", "use a value > 0 (about 1e-5 for a full reward-model fine-tune)")
-    if not self.adam_eps > 0:
-      bad("adam_eps", "use a value > 0 (1e-8)")
-    for field in ("adam_b1", "adam_b2"):
-      if not 0 <= getattr(self, field) < 1:
-        bad(field, "use a value in [0, 1)")
-    if not self.weight_decay >= 0:
-      bad("weight_decay", "use a value >= 0")
-    if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-      bad("max_grad_norm", "use a value > 0 or None")
-    if self.train_scan_layers is not None and not isinstance(self.train_scan_layers, bool):
-      bad("train_scan_layers", "use True (lax.scan), False (unrolled) or None")
-    if self.total_steps is not None and self.warmup_steps > self.total_steps:
-      bad("warmup_steps", f"it exceeds the run's total_steps ({self.total_steps})")
 
 
 def _to_host(metrics: dict[str, Any]) -> dict[str, float]:

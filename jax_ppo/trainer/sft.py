@@ -53,9 +53,8 @@ from jax_ppo.data.sft import (
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
-from jax_ppo.trainer.config import LR_SCHEDULES
 from jax_ppo.trainer.loop import SKIPPED_METRIC, RunLoop, RunOptions, RunStage
-from jax_ppo.trainer.optim import make_optimizer
+from jax_ppo.trainer.optim import check_stage_fields, is_int, make_optimizer
 
 Array = jax.Array
 
@@ -123,25 +122,15 @@ class SFTConfig:
     def bad(field: str, fix: str):
       raise ValueError(f"SFTConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
 
-    def is_int(value) -> bool:
-      return isinstance(value, int) and not isinstance(value, bool)
-
     for field, low in (("max_length", 2), ("batch_size", 1), ("gradient_accumulation_steps", 1),
                        ("num_epochs", 1), ("eval_every", 0), ("warmup_steps", 0)):
       if not is_int(getattr(self, field)) or getattr(self, field) < low:
         bad(field, f"use an int >= {low}")
-    skips = self.max_consecutive_skips
-    if skips is not None and (not is_int(skips) or skips < 1):
-      bad("max_consecutive_skips", "use an int >= 1, or None (never stop)")
-    if self.total_steps is not None and (not is_int(self.total_steps) or self.total_steps < 1):
-      bad("total_steps", "use an int >= 1, or None for num_epochs passes over the data")
+    check_stage_fields(self, bad, lr_hint="1e-5 to 1e-4 for full SFT fine-tuning",
+                       data="the data")
     if self.batch_size % self.gradient_accumulation_steps:
       bad("batch_size", f"it must be divisible by gradient_accumulation_steps "
                         f"({self.gradient_accumulation_steps})")
-    for field in ("pad_token_id", "eos_token_id"):
-      value = getattr(self, field)
-      if value is not None and (not is_int(value) or value < 0):
-        bad(field, "use a token id >= 0, or None to take it from the tokenizer")
     for field in ("packing", "add_eos"):
       if not isinstance(getattr(self, field), bool):
         bad(field, "use True or False")
@@ -150,23 +139,6 @@ class SFTConfig:
         bad(field, "give the record's field name as a non-empty string")
     if not 0 <= self.eval_fraction < 1:
       bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
-    if self.lr_schedule not in LR_SCHEDULES:
-      bad("lr_schedule", f"choose one of {LR_SCHEDULES}")
-    if not self.learning_rate > 0:
-      bad("learning_rate", "use a value > 0 (1e-5 to 1e-4 for full SFT fine-tuning)")
-    if not self.adam_eps > 0:
-      bad("adam_eps", "use a value > 0 (1e-8)")
-    for field in ("adam_b1", "adam_b2"):
-      if not 0 <= getattr(self, field) < 1:
-        bad(field, "use a value in [0, 1)")
-    if not self.weight_decay >= 0:
-      bad("weight_decay", "use a value >= 0")
-    if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-      bad("max_grad_norm", "use a value > 0 or None")
-    if self.train_scan_layers is not None and not isinstance(self.train_scan_layers, bool):
-      bad("train_scan_layers", "use True (lax.scan), False (unrolled) or None")
-    if self.total_steps is not None and self.warmup_steps > self.total_steps:
-      bad("warmup_steps", f"it exceeds the run's total_steps ({self.total_steps})")
 
   @property
   def microbatch_size(self) -> int:
