@@ -44,7 +44,7 @@ from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
 from jax_ppo.trainer.loop import RunOptions
 from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
-from jax_ppo.trainer.run import DTYPES
+from jax_ppo.trainer.run import DTYPES, grow_vocab
 from jax_ppo.trainer.stage_io import (
     StageRunConfig,
     check_model_folder,
@@ -191,8 +191,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = load_scalar_model(config.model_path, seed=c.seed, dtype=DTYPES[config.dtype],
                             param_dtype=jnp.float32)
-  if config.resize_embeddings and len(tokenizer) > model.config.vocab_size:
-    resize_token_embeddings(model, len(tokenizer))
+  grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="reward model")
   check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))

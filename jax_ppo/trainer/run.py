@@ -320,11 +320,11 @@ def _check_folder(field: str, path: str | None) -> None:
 # ---- building and running ------------------------------------------------------------------------
 
 
-def _grow_vocab(config: RunConfig, model: Any, num_tokens: int, what: str) -> None:
-  """With `resize_embeddings`, grows `model` to `num_tokens` ids when its tokenizer has more
-  (a new pad token); otherwise `check_vocab_covers` reports the mismatch."""
+def grow_vocab(model: Any, num_tokens: int, *, resize: bool, what: str) -> None:
+  """With `resize` (a config's `resize_embeddings`), grows `model` to `num_tokens` ids when its
+  tokenizer has more (a new pad token); otherwise `check_vocab_covers` reports the mismatch."""
   old = model.config.vocab_size
-  if config.resize_embeddings and num_tokens > old:
+  if resize and num_tokens > old:
     resize_token_embeddings(model, num_tokens)
     logger.info("resize_embeddings: grew the %s's vocabulary from %d to %d ids (new rows are "
                 "the mean embedding).", what, old, num_tokens)
@@ -339,7 +339,7 @@ def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
                                      require_pad=False)
                       if _has_tokenizer(path) else None)
   reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
-  _grow_vocab(config, reward_model, reward_vocab, "reward model")
+  grow_vocab(reward_model, reward_vocab, resize=config.resize_embeddings, what="reward model")
   scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
                              reward_tokenizer=reward_tokenizer,
                              max_length=reward_model.config.max_position_embeddings)
@@ -370,7 +370,7 @@ def build_trainer(
       extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
   )
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32)
-  _grow_vocab(config, policy, len(tokenizer), "policy")
+  grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
@@ -417,7 +417,7 @@ def build_trainer(
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
                                       param_dtype=jnp.float32)
-      _grow_vocab(config, value_model, len(tokenizer), "value model")
+      grow_vocab(value_model, len(tokenizer), resize=config.resize_embeddings, what="value model")
       check_vocab_covers(tokenizer, value_model.config)
     else:
       logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",

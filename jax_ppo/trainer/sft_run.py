@@ -33,9 +33,8 @@ from jax_ppo.models import (
   from_pretrained,
   load_config,
   load_tokenizer,
-  resize_token_embeddings,
 )
-from jax_ppo.trainer.run import DTYPES
+from jax_ppo.trainer.run import DTYPES, grow_vocab
 from jax_ppo.trainer.sft import SFTConfig, SFTTrainer
 from jax_ppo.trainer.stage_io import (
   StageRunConfig,
@@ -66,14 +65,6 @@ def load_sft_config(argv: Sequence[str]) -> SFTRunConfig:
   return load_stage_config(SFTRunConfig, argv)
 
 
-def _grow(config: StageRunConfig, model: Any, tokenizer: Any) -> None:
-  if config.resize_embeddings and len(tokenizer) > model.config.vocab_size:
-    old = model.config.vocab_size
-    resize_token_embeddings(model, len(tokenizer))
-    logger.info("resize_embeddings: grew the vocabulary from %d to %d ids.", old, len(tokenizer))
-  check_vocab_covers(tokenizer, model.config)
-
-
 def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   """Loads the model, tokenizer and records of `config` and builds the trainer (which resumes
   from the run folder's latest checkpoint)."""
@@ -88,7 +79,8 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = from_pretrained(config.model_path, dtype=DTYPES[config.dtype],
                           param_dtype=jnp.float32)
-  _grow(config, model, tokenizer)
+  grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="policy")
+  check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
   train = read_records(config.train_path, field="SFTRunConfig.train_path", required=need)
