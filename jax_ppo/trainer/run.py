@@ -1,12 +1,12 @@
 """Training runs from one config file: `RunConfig`, `run_training`, evaluation and export.
 
-A run is described by a frozen `RunConfig` (YAML/JSON file + `key=value` overrides, see
-`load_run_config`): Hugging Face folders for the policy and the reward model (or a built-in
-programmatic reward), a prompts file, the `PPOConfig`, and the run folder with its logging and
-checkpoint settings. `run_training(config)` builds every object and trains; running it again on
-the same run folder resumes from the latest checkpoint. `evaluate_run` and `export_run` read a
-run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin layer
-over these functions.
+A run is described by a frozen `RunConfig` (`jax_ppo.trainer.run_config`: YAML/JSON file +
+`key=value` overrides, see `load_run_config`): Hugging Face folders for the policy and the reward
+model (or a built-in programmatic reward), a prompts file, the `PPOConfig`, and the run folder with
+its logging and checkpoint settings. `run_training(config)` builds every object and trains; running
+it again on the same run folder resumes from the latest checkpoint. `evaluate_run` and `export_run`
+read a run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin
+layer over these functions.
 
 Defaults follow docs/rlhf_details.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
 stop tokens default to the tokenizer's and the model's EOS ids, the critic is initialised from the
@@ -20,24 +20,15 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_ppo.config_io import (
-    CONFIG_FILENAME,
-    apply_overrides,
-    check_keys,
-    config_from_dict,
-    read_config_file,
-)
 from jax_ppo.data.files import PROMPT_FORMATS, PROMPT_SUFFIXES, check_data_path, read_prompts
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.models import (
-    LoRAConfig,
     add_lora,
     check_vocab_covers,
     from_pretrained,
@@ -47,10 +38,8 @@ from jax_ppo.models import (
     resize_token_embeddings,
     value_model_from_reward_model,
 )
-from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
-from jax_ppo.trainer.monitor import MonitorConfig
-from jax_ppo.trainer.presets import PRESETS, check_against_guide, preset_overrides
+from jax_ppo.trainer.presets import check_against_guide
 from jax_ppo.trainer.reward_specs import (
     MODULE_REWARD,
     REWARD_FUNCTIONS,
@@ -61,197 +50,16 @@ from jax_ppo.trainer.reward_specs import (
     reward_source_names,
 )
 from jax_ppo.trainer.rewards import CombinedScorer, RewardModelScorer
-from jax_ppo.trainer.trainer import PPOTrainer, RunOptions
+from jax_ppo.trainer.run_config import (  # noqa: F401  (re-exported: the run API in one place)
+    DTYPES,
+    OPERATIONAL_FIELDS,
+    RunConfig,
+    load_run_config,
+    saved_run_config,
+)
+from jax_ppo.trainer.trainer import PPOTrainer
 
 logger = logging.getLogger("jax_ppo.run")
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-"""`RunConfig.dtype` name -> compute dtype (parameters stay float32)."""
-
-OPERATIONAL_FIELDS = (
-    "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
-    "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
-    "rollback_lr_factor", "max_rollbacks", "monitor",
-)
-"""`RunConfig` fields that may change between invocations of one run (they do not change what
-is computed); a difference in any other field refuses to resume."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunConfig:
-  """Everything `run_training` needs; saved as `run_dir/config.yaml`."""
-
-  policy_path: str
-  """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
-  prompts_path: str
-  """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
-  Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
-  with the tokenizer's chat template)."""
-  run_dir: str
-  """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
-  ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
-  """PPO hyperparameters. `ppo.pad_token_id` is taken from the tokenizer; empty
-  `ppo.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
-  reward_model_path: str | None = None
-  """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model."""
-  reward_function: str | None = None
-  """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
-  "package.module:function", a Python `fn(prompts, responses) -> scores` on texts
-  (`MODULE_REWARD`)."""
-  rewards: tuple[RewardSource, ...] = ()
-  """Several reward sources combined with weights instead of one of the two fields above, e.g.
-  `[{model_path: runs/rm, weight: 1.0}, {function: "my_rewards:brevity", weight: 0.1}]`; each
-  source's raw score is checked and logged as `reward/<name>` (see `CombinedScorer`)."""
-  value_model_path: str | None = None
-  """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
-  reward model, or a zero-initialised value head on the policy with a reward function."""
-  lora: LoRAConfig | None = None
-  """Train LoRA adapters instead of every weight (e.g. `lora.rank=16`)."""
-  preset: str | None = None
-  """Scenario preset (`jax_ppo.trainer.presets.PRESETS`) applied to `ppo` before the file's and
-  the command line's values."""
-  pad_token: str | None = None
-  """Pad token of the policy's tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an
-  existing unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop
-  token; a token missing from the vocabulary needs `resize_embeddings`."""
-  resize_embeddings: bool = False
-  """When the tokenizer has no usable pad token (GPT-2) or `pad_token` is new, add it and grow
-  the embedding (and an untied LM head) of the policy and of the reward and value models that
-  read its ids, new rows initialised to the mean row (`jax_ppo.models.resize_token_embeddings`).
-  False: such a tokenizer is an error naming this switch."""
-  dtype: str = "float32"
-  """Compute dtype of every model: "float32", "bfloat16" or "float16" (weights stay float32)."""
-  updates_per_run: int | None = None
-  """Stop after this many updates in one invocation (None: run to `ppo.total_updates`); run the
-  same command again to continue (for schedulers with time limits)."""
-  save_every: int = 10
-  """Checkpoint every this many updates (and at the end of each invocation)."""
-  keep_last: int = 3
-  """Number of most recent checkpoints kept."""
-  best_metric: str | None = None
-  """Also keep the checkpoint with the best value of this metric."""
-  best_mode: str = "max"
-  """"max" or "min" for `best_metric`."""
-  log_samples_every: int = 10
-  """Write samples to samples.jsonl every this many updates (0: never)."""
-  tensorboard: bool = True
-  """Write TensorBoard events."""
-  wandb: bool = False
-  """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
-  wandb_init: dict[str, Any] | None = None
-  """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
-  configuration is passed as `config`, the run folder as `dir`."""
-  plots: bool = True
-  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
-  each invocation (also `jax-ppo plot RUN_DIR`)."""
-  progress: bool = True
-  """Show a progress bar."""
-  rollback: bool = False
-  """Roll back to the last good checkpoint when the monitor reports a collapse."""
-  rollback_lr_factor: float = 0.5
-  """Learning-rate multiplier applied at each rollback."""
-  max_rollbacks: int = 3
-  """Stop the run when it collapses again after this many rollbacks."""
-  monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
-  """Thresholds of the stability monitor."""
-
-  def __post_init__(self):
-    def bad(field: str, fix: str):
-      raise ValueError(f"RunConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
-
-    for field in ("policy_path", "prompts_path", "run_dir"):
-      if not isinstance(getattr(self, field), str) or not getattr(self, field):
-        bad(field, "give a path")
-    given = [self.reward_model_path is not None, self.reward_function is not None,
-             bool(self.rewards)]
-    if sum(given) != 1:
-      raise ValueError(
-          "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
-          "SequenceClassification folder), reward_function (one of "
-          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}), or rewards (a list of "
-          "{function or model_path, weight} sources); got "
-          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}"
-          f", rewards={list(self.rewards)!r}."
-      )
-    if not all(isinstance(r, RewardSource) for r in self.rewards):
-      bad("rewards", "give a list of {function or model_path, weight, name} mappings")
-    reward_source_names(self.rewards)
-    if self.reward_function is not None:
-      parse_reward_function(self.reward_function)
-    if self.preset is not None and self.preset not in PRESETS:
-      bad("preset", f"choose one of {sorted(PRESETS)} or null")
-    if self.dtype not in DTYPES:
-      bad("dtype", f"choose one of {list(DTYPES)}")
-    if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
-      bad("pad_token", "give a token string of the policy's vocabulary, or null")
-    if not isinstance(self.resize_embeddings, bool):
-      bad("resize_embeddings", "use true or false")
-    if self.updates_per_run is not None and (
-        not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
-      bad("updates_per_run", "use an int >= 1 or null")
-    try:
-      self.run_options()
-    except ValueError as e:
-      raise ValueError(str(e).replace("RunOptions.", "RunConfig.")) from None
-
-  def run_options(self) -> RunOptions:
-    """The trainer's `RunOptions` for this run."""
-    return RunOptions(
-        save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
-        best_mode=self.best_mode, log_samples_every=self.log_samples_every,
-        tensorboard=self.tensorboard, wandb=self.wandb, wandb_init=self.wandb_init,
-        plots=self.plots, progress=self.progress, monitor=self.monitor,
-        rollback=self.rollback, rollback_lr_factor=self.rollback_lr_factor,
-        max_rollbacks=self.max_rollbacks, resume_ignore=OPERATIONAL_FIELDS,
-    )
-
-
-# ---- configuration -------------------------------------------------------------------------------
-
-
-def load_run_config(argv: Sequence[str]) -> RunConfig:
-  """A `RunConfig` from at most one YAML/JSON file and `key=value` overrides.
-
-  Precedence, lowest first: `PPOConfig` defaults, the `preset`'s values, the file, the overrides
-  (e.g. `["configs/run.yaml", "ppo.learning_rate=1e-6", "preset=dialogue"]`).
-
-  Raises:
-    ValueError: unknown keys, bad values or an unknown preset (naming the key).
-    FileNotFoundError: the config file does not exist.
-  """
-  files = [a for a in argv if "=" not in a]
-  overrides = [a for a in argv if "=" in a]
-  if len(files) > 1:
-    raise ValueError(f"Give at most one config file, got {files}; other arguments are key=value.")
-  data = read_config_file(files[0]) if files else {}
-  if files:
-    check_keys(RunConfig, data, source=f"Config file {files[0]!r}")
-  data = apply_overrides(RunConfig, data, overrides)
-  preset = data.get("preset")
-  if preset is not None:
-    if preset not in PRESETS:
-      raise ValueError(f"RunConfig.preset={preset!r} is invalid: choose one of "
-                       f"{sorted(PRESETS)} or null.")
-    ppo = data.get("ppo") or {}
-    if not isinstance(ppo, Mapping):
-      raise ValueError(f"Config key 'ppo' must be a mapping of PPOConfig fields, got {ppo!r}.")
-    data = {**data, "ppo": {**preset_overrides(preset), **ppo}}
-  return config_from_dict(RunConfig, data)
-
-
-def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
-  """The `RunConfig` a run folder was trained with (its `config.yaml`)."""
-  if not pathlib.Path(run_dir).is_dir():
-    raise FileNotFoundError(
-        f"Run folder {str(run_dir)!r} does not exist; pass the run_dir of a `jax-ppo train` run."
-    )
-  path = pathlib.Path(run_dir) / CONFIG_FILENAME
-  if not path.is_file():
-    raise FileNotFoundError(
-        f"{str(run_dir)!r} has no {CONFIG_FILENAME}; pass the run folder written by "
-        "`jax-ppo train` (RunConfig.run_dir)."
-    )
-  return load_run_config([str(path)])
 
 
 # ---- prompts -------------------------------------------------------------------------------------
