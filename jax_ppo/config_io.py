@@ -1,36 +1,36 @@
 """Loading and saving frozen, keyword-only dataclass configs (YAML/JSON files + `key=value`).
 
-A config is a (possibly nested) dataclass; its annotations say how file and command-line values
-are converted. Typical use in an experiment script::
-
-  config = load_config(TrainerConfig, "configs/gpt2_sentiment.yaml", ["learning_rate=3e-6",
+  config = load_config(TrainerConfig, "configs/run.yaml", ["learning_rate=3e-6",
                        "sampling.temperature=0.7", "sampling.stop_token_ids=[50256]"])
   save_config(config, run_dir)          # writes run_dir/config.yaml
   assert load_config(TrainerConfig, run_dir) == config
 
-Rules:
+Converting plain values to the annotated types (nested and Optional dataclasses, tuples, also of
+dataclasses, Literal, Enum, Path, unions) and back is draccus's (`draccus.decode`/`encode`),
+Levanter's choice. It builds each dataclass through its constructor, so `__post_init__` stays
+the one place that decides validity, and it takes only YAML 1.2 booleans. OmegaConf, the other
+candidate, leaves the items of a `tuple[RewardSource, ...]` as dicts, reads `true` as "True" for
+a string and 1/"yes"/"on" as true for a bool, resolves `${...}` inside paths, and cannot build a
+frozen dataclass with `init=False` fields. This module adds what neither library does:
 
-* Files are YAML (`.yaml`/`.yml`) or JSON (`.json`) holding a mapping of field names; nested
-  dataclass fields are nested mappings; missing fields keep their defaults.
-* Overrides are `dotted.key=value` strings; the value is parsed with `yaml.safe_load`, so
-  `lr=3e-6`, `flag=true`, `ids=[1,2]`, `name=null` work. Where the field is a string, text that
-  YAML would read as something else (`name=123`, `mode=yes`) is kept as text.
-* Values are converted to the annotated type: lists to tuples for `tuple[...]` fields, numbers
-  written as text (YAML 1.1 reads `3e-6` as a string) to floats, integral floats to ints,
-  mappings to nested dataclasses, values to enums and paths; `Optional[X]`/`X | None` accept
-  `null`. Anything else that does not match raises a `ValueError` naming the key.
-* Unknown keys raise a `ValueError` naming the key, suggesting the closest field name and listing
-  the valid ones. Validation in the dataclass's `__post_init__` runs as usual.
+* `dotted.key=value` overrides, the value parsed as YAML (`lr=3e-6`, `ids=[1,2]`, `x=null`)
+  except for string fields, which keep the text as written (`name=123`, `prompt=a: b`);
+* unknown keys named with the nearest valid one (difflib); a bool for a number, a non-string for
+  a string or a scalar for a nested config refused (draccus would coerce them);
+* one-line errors naming the dotted key, the field and the expected type; YAML/JSON syntax
+  errors with file, line and column;
+* `with_defaults`: the fields a config saved by an older version lacks, at today's defaults, so
+  that resuming such a run does not call them changed.
 
-Annotations are resolved with `typing.get_type_hints`, so configs may use
-`from __future__ import annotations`.
+Files are YAML (`.yaml`/`.yml`) or JSON (`.json`) holding a mapping of field names; missing
+fields keep their defaults. Fields with `init=False` are neither saved nor read.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
-import enum
 import json
 import os
 import pathlib
@@ -40,7 +40,9 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
+import draccus
 import yaml
+from draccus.utils import DecodingError, ParsingError
 
 T = TypeVar("T")
 
@@ -51,34 +53,30 @@ _YAML_SUFFIXES = (".yaml", ".yml")
 _JSON_SUFFIXES = (".json",)
 
 
-class _Mismatch(Exception):
-  """A value does not fit a type; turned into a ValueError that names the key."""
-
-
 # ---- public API ----------------------------------------------------------------------------------
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-  """A dataclass config as plain YAML/JSON types (dicts, lists, str, int, float, bool, None).
-
-  Nested dataclasses become dicts, tuples become lists, enums their values and paths strings.
-  Fields with `init=False` (derived values) are left out.
-  """
+  """A dataclass config as plain YAML/JSON types (dicts, lists, str, int, float, bool, None), in
+  field order: nested dataclasses become dicts, tuples lists, enums their names, paths strings.
+  Fields with `init=False` (derived values) are left out."""
   if not dataclasses.is_dataclass(config) or isinstance(config, type):
     raise TypeError(f"config_to_dict expects a dataclass instance, got {type(config).__name__}")
-  return _plain(config)
+  hints = _init_hints(type(config))
+  return {name: draccus.encode(getattr(config, name), tp) for name, tp in hints.items()}
 
 
 def config_from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
   """Builds `cls` from a (nested) mapping, converting values to the annotated field types.
 
   Raises:
-    ValueError: for unknown keys (with a suggestion), missing required keys and values that do
-      not fit the field's type; each message names the dotted key.
+    ValueError: for unknown keys (with a suggestion), missing required keys, values that do not
+      fit the field's type, and the config's own validation; each message names the dotted key.
   """
   if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
     raise TypeError(f"config_from_dict expects a dataclass type, got {cls!r}")
-  return _build(cls, data, prefix="")
+  check_keys(cls, data, source="")
+  return _decode(cls, dict(data), cls, ())
 
 
 def parse_override(text: str) -> tuple[str, str]:
@@ -104,35 +102,28 @@ def apply_overrides(
   """
   if isinstance(overrides, str):
     raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
-  result = _copy_tree(data)
+  result = copy.deepcopy(dict(data))
   for text in overrides:
     key, raw = parse_override(text)
     parts = key.split(".")
-    owner: type = cls
-    node = result
-    for depth, part in enumerate(parts):
-      hints = _init_hints(owner)
-      dotted = ".".join(parts[: depth + 1])
-      if part not in hints:
-        raise ValueError(_unknown_key_message(owner, dotted, part, hints))
-      tp = hints[part]
-      if depth == len(parts) - 1:
-        where = f"Config key '{dotted}' ({owner.__name__}.{part}) in override {text!r}"
-        node[part] = _override_value(tp, raw, where)
-        break
+    owner, node = cls, result
+    for depth, part in enumerate(parts[:-1]):
+      tp = _field_type(owner, ".".join(parts[: depth + 1]), part)
       nested = _dataclass_of(tp)
       if nested is None:
+        dotted = ".".join(parts[: depth + 1])
         raise ValueError(
             f"Invalid override {text!r}: {owner.__name__}.{part} has type {_type_name(tp)}, "
             f"not a nested config, so '{dotted}' takes no sub-keys; write {dotted}=<value>."
         )
-      child = node.get(part)
-      if dataclasses.is_dataclass(child) and not isinstance(child, type):
-        child = _plain(child)
-      if not isinstance(child, dict):
-        child = {}
-      node[part] = child
-      node, owner = child, nested
+      if not isinstance(node.get(part), dict):
+        node[part] = {}
+      node, owner = node[part], nested
+    tp = _field_type(owner, key, parts[-1])
+    where = f"Config key '{key}' ({owner.__name__}.{parts[-1]}) in override {text!r}"
+    node[parts[-1]] = value = _override_value(tp, raw, where)
+    _check_value(tp, value, key, where, source="")
+    _decode(tp, value, owner, (parts[-1],), where=where)
   return result
 
 
@@ -140,30 +131,27 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
   """Reads a YAML or JSON config file (or `config.yaml` in a directory) into a dict."""
   path = _resolve_path(path)
   suffix = path.suffix.lower()
+  if suffix not in _YAML_SUFFIXES + _JSON_SUFFIXES:
+    raise ValueError(f"Config file {str(path)!r} has an unsupported suffix {suffix!r}; use one of "
+                     f"{', '.join(_YAML_SUFFIXES + _JSON_SUFFIXES)}.")
+  raw = path.read_bytes()
   try:
-    text = path.read_text(encoding="utf-8")
+    text = raw.decode("utf-8")
+    data = (json.loads(text) if text.strip() else {}) if suffix in _JSON_SUFFIXES else (
+        yaml.safe_load(text))
   except UnicodeDecodeError as e:
-    raw = path.read_bytes()
-    line = raw.count(b"\n", 0, e.start) + 1
-    column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    line, column = raw.count(b"\n", 0, e.start) + 1, e.start - raw.rfind(b"\n", 0, e.start)
     raise ValueError(f"Config file {str(path)!r}, line {line}, column {column}: not valid UTF-8; "
                      "save it as UTF-8.") from None
-  if suffix in _JSON_SUFFIXES:
-    try:
-      data = json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError as e:
-      raise ValueError(f"Config file {str(path)!r}, line {e.lineno}, column {e.colno}: invalid "
-                       f"JSON ({e.msg}).") from None
-  elif suffix in _YAML_SUFFIXES:
-    try:
-      data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-      raise ValueError(_yaml_error_message(path, e)) from None
-  else:
-    raise ValueError(
-        f"Config file {str(path)!r} has an unsupported suffix {suffix!r}; use one of "
-        f"{', '.join(_YAML_SUFFIXES + _JSON_SUFFIXES)}."
-    )
+  except json.JSONDecodeError as e:
+    raise ValueError(f"Config file {str(path)!r}, line {e.lineno}, column {e.colno}: invalid "
+                     f"JSON ({e.msg}).") from None
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    reason = " ".join(str(p) for p in (getattr(e, "context", None), getattr(e, "problem", None))
+                      if p) or str(e).splitlines()[0]
+    raise ValueError(f"Config file {str(path)!r}{where}: invalid YAML ({reason}).") from None
   if data is None:
     return {}
   if not isinstance(data, dict):
@@ -173,23 +161,24 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
   return data
 
 
-def check_keys(cls: type, data: Any, *, source: str) -> None:
-  """Raises a ValueError for the first key of `data` that is no field of `cls` (nested mappings
-  are checked against nested dataclass fields), naming `source` (e.g. the config file), the
-  dotted key and the closest valid one. Values are not checked (`config_from_dict` does)."""
-  def walk(owner: type, node: Any, prefix: str) -> None:
-    if not isinstance(node, Mapping):
-      return
-    hints = _init_hints(owner)
-    for key, value in node.items():
-      if key not in hints:
-        raise ValueError(f"{source}: " + _unknown_key_message(owner, f"{prefix}{key}", str(key),
-                                                             hints))
-      nested = _dataclass_of(hints[key])
-      if nested is not None:
-        walk(nested, value, f"{prefix}{key}.")
-
-  walk(cls, data, "")
+def check_keys(cls: type, data: Any, *, source: str, prefix: str = "") -> None:
+  """Raises a ValueError for the first key of `data` that is no field of `cls` (nested mappings,
+  and the items of `tuple[Dataclass, ...]` fields, are checked against their dataclass), naming
+  `source` (e.g. the config file; "" for none), the dotted key and the closest valid one; and for
+  a value of the wrong kind that draccus would coerce (a bool for a number, a number for a string,
+  a scalar for a nested config)."""
+  lead = f"{source}: " if source else ""
+  if not isinstance(data, Mapping):
+    where = prefix.rstrip(".") or cls.__name__
+    raise ValueError(f"{lead}{where}: expected a mapping of {cls.__name__} fields, got "
+                     f"{_describe(data)}.")
+  hints = _init_hints(cls)
+  for key, value in data.items():
+    dotted = f"{prefix}{key}"
+    if key not in hints:
+      raise ValueError(lead + _unknown_key_message(cls, dotted, str(key), hints))
+    _check_value(hints[key], value, dotted, f"{lead}Config key '{dotted}' ({cls.__name__}.{key})",
+                 source=source)
 
 
 def load_config(
@@ -227,6 +216,28 @@ def override_config(config: T, overrides: Sequence[str]) -> T:
   """A copy of `config` with `key=value` overrides applied."""
   cls = type(config)
   return config_from_dict(cls, apply_overrides(cls, config_to_dict(config), overrides))
+
+
+def with_defaults(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
+  """`saved` (a plain config dict written by `config_to_dict`, maybe by an older version) with
+  every `cls` field it lacks set to today's default, recursively into nested configs.
+
+  Resuming compares the saved config with the current one; a field added after the run was
+  started ran at what is (by design) today's default, so it must not count as changed. Fields
+  without a default, keys `cls` no longer has and non-mapping values are left as they are.
+  """
+  if not isinstance(saved, Mapping):
+    return saved
+  out = dict(saved)
+  for field in (f for f in dataclasses.fields(cls) if f.init):
+    tp = _init_hints(cls)[field.name]
+    if field.name not in out and field.default is not dataclasses.MISSING:
+      out[field.name] = draccus.encode(field.default, tp)
+    elif field.name not in out and field.default_factory is not dataclasses.MISSING:
+      out[field.name] = draccus.encode(field.default_factory(), tp)
+    elif (nested := _dataclass_of(tp)) is not None and isinstance(out.get(field.name), Mapping):
+      out[field.name] = with_defaults(nested, out[field.name])
+  return out
 
 
 def save_config(config: Any, path: str | os.PathLike) -> pathlib.Path:
@@ -269,7 +280,58 @@ def save_config(config: Any, path: str | os.PathLike) -> pathlib.Path:
   return path
 
 
-# ---- building ------------------------------------------------------------------------------------
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _decode(tp: Any, value: Any, owner: type, path: tuple[str, ...], *, where: str = "") -> Any:
+  """`draccus.decode(tp, value)`; its errors become one-line ValueErrors naming the dotted key,
+  the field and the expected type. `owner`/`path`: where `tp` sits (`path` empty: `tp` is
+  `owner`); `where`: a prefix for the message that replaces the key (e.g. the override)."""
+  try:
+    return draccus.decode(tp, value)
+  except (ParsingError, TypeError, ValueError, KeyError, AttributeError) as e:
+    error: Exception = e
+  # draccus wraps the error of an Optional's arm (and of each arm of a union): keep the inner one
+  # where it is a constructor's refusal or comes from deeper in the config.
+  while isinstance(error, DecodingError) and isinstance(error.__cause__, ParsingError) and (
+      not isinstance(error.__cause__, DecodingError)
+      or len(error.__cause__.key_path) > len(error.key_path)):
+    error = error.__cause__
+  if isinstance(error, DecodingError):
+    parts, message = (*path, *map(str, error.key_path)), error.message
+  elif isinstance(error, ParsingError):  # the constructor refused: the config's own message
+    if isinstance(error.__cause__, ValueError | TypeError):
+      raise ValueError(" ".join(str(error.__cause__).split())) from None
+    parts, message = path, str(error)
+  else:  # a value draccus cannot read
+    parts, message = path, f"cannot read {_describe(value)} ({type(error).__name__}: {error})"
+  # The innermost dataclass field on the path names the field and its expected type.
+  cls, field, field_tp, rest, current = owner, None, tp, list(parts), owner
+  while rest and current is not None and rest[0] in (hints := _init_hints(current)):
+    cls, field = current, rest.pop(0)
+    field_tp = hints[field]
+    current = _dataclass_of(field_tp)
+    if current is None and rest and rest[0].isdigit():  # an item of a tuple[Dataclass, ...]
+      current = _tuple_item_dataclass(field_tp)
+      rest = rest[1:] if current is not None else rest
+  message = " ".join(message.split())
+  if field is None:
+    raise ValueError(f"{where or cls.__name__}: {message}.") from None
+  head = where or f"Config key '{'.'.join(parts)}' ({cls.__name__}.{field})"
+  item = f"item {'.'.join(parts[len(path):])}: " if where and parts[len(path):] else ""
+  raise ValueError(f"{head}: {item}{message}; expected {_type_name(field_tp)}.") from None
+
+
+def _check_value(tp: Any, value: Any, dotted: str, where: str, *, source: str) -> None:
+  """`check_keys` for the value of one field (type `tp`, key `dotted`); errors start `where`."""
+  problem = _shape_problem(tp, value)
+  if problem:
+    raise ValueError(f"{where}: {problem}.")
+  if (nested := _dataclass_of(tp)) is not None and value is not None:
+    check_keys(nested, value, source=source, prefix=dotted + ".")
+  if (item := _tuple_item_dataclass(tp)) is not None and isinstance(value, list | tuple):
+    for i, entry in enumerate(value):
+      check_keys(item, entry, source=source, prefix=f"{dotted}.{i}.")
 
 
 def _init_hints(cls: type) -> dict[str, Any]:
@@ -284,237 +346,68 @@ def _init_hints(cls: type) -> dict[str, Any]:
   return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
 
 
-def _build(cls: type[T], data: Any, prefix: str) -> T:
-  where = prefix.rstrip(".") or cls.__name__
-  if not isinstance(data, Mapping):
-    raise ValueError(
-        f"{where}: expected a mapping of {cls.__name__} fields, got {_describe(data)}."
-    )
-  hints = _init_hints(cls)
-  for key in data:
-    if key not in hints:
-      raise ValueError(_unknown_key_message(cls, f"{prefix}{key}", str(key), hints))
-  kwargs = {}
-  for name, tp in hints.items():
-    if name in data:
-      kwargs[name] = _convert_field(cls, name, tp, data[name], prefix)
-  missing = [
-      f.name
-      for f in dataclasses.fields(cls)
-      if f.init
-      and f.name not in data
-      and f.default is dataclasses.MISSING
-      and f.default_factory is dataclasses.MISSING
-  ]
-  if missing:
-    keys = ", ".join(f"'{prefix}{m}'" for m in missing)
-    raise ValueError(f"{cls.__name__}: missing required key(s) {keys}.")
-  return cls(**kwargs)
+def _field_type(owner: type, dotted: str, name: str) -> Any:
+  hints = _init_hints(owner)
+  if name not in hints:
+    raise ValueError(_unknown_key_message(owner, dotted, name, hints))
+  return hints[name]
 
 
-def _convert_field(cls: type, name: str, tp: Any, value: Any, prefix: str) -> Any:
-  dotted = f"{prefix}{name}"
-  try:
-    return _convert(tp, value, dotted + ".")
-  except _Mismatch as e:
-    raise ValueError(f"Config key '{dotted}' ({cls.__name__}.{name}): {e}") from None
-
-
-def _convert(tp: Any, value: Any, prefix: str) -> Any:
-  """Converts `value` to type `tp`; raises `_Mismatch` saying what was expected."""
-  if tp is Any or tp is object:
-    return value
-  if tp is type(None):
-    if value is None:
-      return None
-    raise _Mismatch(f"expected null, got {_describe(value)}")
-  origin, args = typing.get_origin(tp), typing.get_args(tp)
-  if origin is typing.Union or origin is types.UnionType:
-    if value is None and type(None) in args:
-      return None
-    for arm in (a for a in args if a is not type(None)):
-      try:
-        return _convert(arm, value, prefix)
-      except _Mismatch:
-        pass
-    raise _Mismatch(f"expected {_type_name(tp)}, got {_describe(value)}")
-  if origin is typing.Literal:
-    for choice in args:
-      if value == choice and type(value) is type(choice):
-        return choice
-    raise _Mismatch(f"expected one of {list(args)}, got {_describe(value)}")
-  if origin is typing.ClassVar:
-    return value
-  if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-    if isinstance(value, tp):
-      return value
-    if isinstance(value, Mapping):
-      return _build(tp, value, prefix)
-    raise _Mismatch(f"expected a mapping of {tp.__name__} fields, got {_describe(value)}")
-  if origin is tuple or tp is tuple:
-    items = _sequence(value, tp)
-    if not args:
-      return tuple(items)
-    if len(args) == 2 and args[1] is Ellipsis:
-      return tuple(_convert_item(args[0], v, i, prefix) for i, v in enumerate(items))
-    if args == ((),):  # tuple[()]
-      args = ()
-    if len(items) != len(args):
-      raise _Mismatch(f"expected {_type_name(tp)} with {len(args)} items, got {len(items)}")
-    pairs = enumerate(zip(args, items, strict=True))
-    return tuple(_convert_item(a, v, i, prefix) for i, (a, v) in pairs)
-  if origin in (list, Sequence) or tp is list:
-    items = _sequence(value, tp)
-    item_type = args[0] if args else Any
-    return [_convert_item(item_type, v, i, prefix) for i, v in enumerate(items)]
-  if origin in (set, frozenset) or tp in (set, frozenset):
-    items = _sequence(value, tp)
-    item_type = args[0] if args else Any
-    return (origin or tp)(_convert_item(item_type, v, i, prefix) for i, v in enumerate(items))
-  if origin in (dict, Mapping) or tp is dict:
-    if not isinstance(value, Mapping):
-      raise _Mismatch(f"expected a mapping ({_type_name(tp)}), got {_describe(value)}")
-    key_type, value_type = args if args else (Any, Any)
-    return {
-        _convert_item(key_type, k, k, prefix): _convert_item(value_type, v, k, prefix)
-        for k, v in value.items()
-    }
-  if tp is bool:
-    if isinstance(value, bool):
-      return value
-    raise _Mismatch(f"expected a bool (true/false), got {_describe(value)}")
-  if tp is int:
-    return _to_int(value)
-  if tp is float:
-    return _to_float(value)
-  if tp is str:
-    if isinstance(value, str):
-      return value
-    raise _Mismatch(f"expected a string, got {_describe(value)}")
-  if isinstance(tp, type) and issubclass(tp, enum.Enum):
-    if isinstance(value, tp):
-      return value
-    try:
-      return tp(value)
-    except ValueError:
-      if isinstance(value, str) and value in tp.__members__:
-        return tp[value]
-    raise _Mismatch(
-        f"expected one of {[m.value for m in tp]} ({tp.__name__}), got {_describe(value)}"
-    )
-  if isinstance(tp, type) and issubclass(tp, pathlib.PurePath):
-    if isinstance(value, str | os.PathLike):
-      return tp(value)
-    raise _Mismatch(f"expected a path, got {_describe(value)}")
-  if isinstance(tp, type):
-    if isinstance(value, tp):
-      return value
-    raise _Mismatch(f"expected {tp.__name__}, got {_describe(value)}")
-  return value  # An annotation this module does not interpret (Callable, TypeVar...).
-
-
-def _convert_item(tp: Any, value: Any, index: Any, prefix: str) -> Any:
-  try:
-    return _convert(tp, value, f"{prefix.rstrip('.')}[{index!r}].")
-  except _Mismatch as e:
-    raise _Mismatch(f"item {index!r}: {e}") from None
-
-
-def _sequence(value: Any, tp: Any) -> list:
-  if isinstance(value, list | tuple):
-    return list(value)
-  raise _Mismatch(f"expected a list ({_type_name(tp)}), got {_describe(value)}")
-
-
-def _to_int(value: Any) -> int:
-  if isinstance(value, bool):
-    raise _Mismatch(f"expected an int, got {_describe(value)}")
-  if isinstance(value, int):
-    return value
-  if isinstance(value, str):
-    try:
-      return int(value)
-    except ValueError:
-      pass
-    try:
-      value = float(value)
-    except ValueError:
-      raise _Mismatch(f"expected an int, got {_describe(value)}") from None
-  if isinstance(value, float) and value.is_integer():
-    return int(value)
-  raise _Mismatch(f"expected an int, got {_describe(value)}")
-
-
-def _to_float(value: Any) -> float:
-  if isinstance(value, bool):
-    raise _Mismatch(f"expected a float, got {_describe(value)}")
-  if isinstance(value, int | float):
-    return float(value)
-  if isinstance(value, str):
-    try:
-      return float(value)  # YAML 1.1 reads 3e-6 (no dot) as a string.
-    except ValueError:
-      pass
-  raise _Mismatch(f"expected a float, got {_describe(value)}")
+def _union_arms(tp: Any) -> tuple[Any, ...]:
+  if typing.get_origin(tp) in (typing.Union, types.UnionType):
+    return typing.get_args(tp)
+  return (tp,)
 
 
 def _override_value(tp: Any, raw: str, where: str) -> Any:
-  """The plain value an override stores: parsed YAML, or the raw text where the type wants it."""
+  """The plain value an override stores: the text itself for a string field (`null` or nothing
+  gives None where the field is Optional), else the text parsed as YAML."""
+  arms = _union_arms(tp)
+  if str in arms:
+    return None if type(None) in arms and raw in ("", "null", "~") else raw
   try:
-    parsed = yaml.safe_load(raw) if raw else None
-    yaml_error = None
+    return yaml.safe_load(raw) if raw else None
   except yaml.YAMLError as e:
-    parsed, yaml_error = raw, e
-  first_error = None
-  if yaml_error is None:
-    try:
-      _convert(tp, parsed, "")
-      return parsed
-    except _Mismatch as e:
-      first_error = e
-    except ValueError:
-      return parsed  # A nested config's own validation; config_from_dict reports it in full.
-  try:
-    _convert(tp, raw, "")
-    return raw
-  except (_Mismatch, ValueError):
-    pass
-  if yaml_error is not None:
-    reason = str(yaml_error).splitlines()[0]
-    raise ValueError(f"{where}: cannot parse {raw!r} as YAML ({reason}).")
-  raise ValueError(f"{where}: {first_error}")
+    reason = str(e).splitlines()[0]
+    raise ValueError(f"{where}: cannot parse {raw!r} as YAML ({reason}).") from None
 
 
-# ---- plain values --------------------------------------------------------------------------------
-
-
-def _plain(value: Any) -> Any:
-  if dataclasses.is_dataclass(value) and not isinstance(value, type):
-    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-  if isinstance(value, enum.Enum):
-    return _plain(value.value)
-  if isinstance(value, pathlib.PurePath):
-    return str(value)
-  if isinstance(value, Mapping):
-    return {_plain(k): _plain(v) for k, v in value.items()}
-  if isinstance(value, list | tuple | set | frozenset):
-    items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
-    return [_plain(v) for v in items]
-  return value
-
-
-def _copy_tree(data: Mapping[str, Any]) -> dict[str, Any]:
-  return {k: _copy_tree(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+def _shape_problem(tp: Any, value: Any) -> str | None:
+  """What is wrong with `value` for a field of type `tp` that draccus would not refuse: a scalar
+  for a nested config, a bool for a number, a non-string (or null) for a string; else None."""
+  arms = set(_union_arms(tp))
+  if value is None:
+    scalar = arms & {bool, int, float, str} or _dataclass_of(tp) is not None
+    return None if type(None) in arms or not scalar else f"expected {_type_name(tp)}, got null"
+  nested = _dataclass_of(tp)
+  if nested is not None and not isinstance(value, Mapping):
+    return f"expected a mapping of {nested.__name__} fields, got {_describe(value)}"
+  if typing.get_origin(tp) in (tuple, list) and not isinstance(value, list | tuple):
+    return f"expected a list ({_type_name(tp)}), got {_describe(value)}"
+  if not arms <= {bool, int, float, str, type(None)}:
+    return None  # not a plain scalar field: draccus checks it
+  if isinstance(value, bool):
+    fits = bool in arms
+  elif isinstance(value, int | float):
+    fits = bool(arms & {int, float})
+  else:
+    fits = isinstance(value, str)
+  return None if fits else f"expected {_type_name(tp)}, got {_describe(value)}"
 
 
 def _dataclass_of(tp: Any) -> type | None:
   """The dataclass in `tp` (a dataclass type or an Optional of one), else None."""
-  if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-    return tp
-  if typing.get_origin(tp) in (typing.Union, types.UnionType):
-    arms = [a for a in typing.get_args(tp) if a is not type(None)]
-    if len(arms) == 1:
-      return _dataclass_of(arms[0])
+  arms = [a for a in _union_arms(tp) if a is not type(None)]
+  if len(arms) == 1 and isinstance(arms[0], type) and dataclasses.is_dataclass(arms[0]):
+    return arms[0]
+  return None
+
+
+def _tuple_item_dataclass(tp: Any) -> type | None:
+  """The dataclass `D` of a `tuple[D, ...]` field, else None."""
+  args = typing.get_args(tp)
+  if typing.get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis:
+    return _dataclass_of(args[0])
   return None
 
 
@@ -525,17 +418,6 @@ def _resolve_path(path: str | os.PathLike) -> pathlib.Path:
   if not path.exists():
     raise FileNotFoundError(f"Config file {str(path)!r} does not exist.")
   return path
-
-
-def _yaml_error_message(path: pathlib.Path, error: yaml.YAMLError) -> str:
-  """One line for a YAML syntax error: file, line, column (1-based) and the parser's reason."""
-  mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-  where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-  reason = " ".join(
-      str(part) for part in (getattr(error, "context", None), getattr(error, "problem", None))
-      if part
-  ) or str(error).splitlines()[0]
-  return f"Config file {str(path)!r}{where}: invalid YAML ({reason})."
 
 
 def _unknown_key_message(cls: type, dotted: str, key: str, hints: Mapping[str, Any]) -> str:

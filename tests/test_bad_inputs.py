@@ -214,7 +214,8 @@ def test_yaml_and_json_syntax_errors_give_file_line_and_column(files, tmp_path, 
         ("ppo.stop_token_ids=[1,300]", "RunConfig.ppo.stop_token_ids=(1, 300): id(s) [300] are "
                                       "outside the policy's vocabulary of 30 tokens"),
         ("ppo.batch_size=four", "Config key 'ppo.batch_size' (PPOConfig.batch_size) in override "
-                                "'ppo.batch_size=four': expected an int"),
+                                "'ppo.batch_size=four': Couldn't parse 'four' into an int; "
+                                "expected int."),
     ],
 )
 def test_invalid_values(files, tmp_path, capsys, override, message):

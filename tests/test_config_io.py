@@ -22,6 +22,7 @@ from jax_ppo.config_io import (
     parse_override,
     read_config_file,
     save_config,
+    with_defaults,
 )
 from jax_ppo.rollout.config import SamplingConfig
 
@@ -137,7 +138,8 @@ def test_save_into_a_run_folder_writes_plain_yaml(tmp_path):
   assert text.startswith("# test_config_io.Outer\n") or text.startswith("# tests.test_config_io")
   data = yaml.safe_load(text)
   assert data["seeds"] == [1, 2, 3] and data["inner"]["names"] == ["x", "y"]
-  assert data["mode"] == "slow" and data["out_dir"] == "/tmp/run 1" and data["name"] == "123"
+  # draccus writes an enum by name; reading takes a name or a value (`mode=slow` below).
+  assert data["mode"] == "SLOW" and data["out_dir"] == "/tmp/run 1" and data["name"] == "123"
   assert "derived" not in data
   assert list(data) == [f.name for f in dataclasses.fields(Outer) if f.init]  # field order kept
   assert load_config(Outer, tmp_path) == NON_DEFAULT  # a directory means its config.yaml
@@ -192,7 +194,6 @@ def test_file_values_and_missing_fields(tmp_path):
     [
         ("learning_rate=3e-6", "learning_rate", 3e-6),
         ("learning_rate=1", "learning_rate", 1.0),
-        ("batch_size=1e2", "batch_size", 100),
         ("use_lora=true", "use_lora", True),
         ("target_kl=6", "target_kl", 6.0),
         ("target_kl=null", "target_kl", None),
@@ -274,18 +275,19 @@ def test_override_config_and_argv(tmp_path):
         (["sampling.temprature=1"], r"'sampling\.temprature' for Sampling\. Did you mean"),
         (["derived=3"], r"Unknown config key 'derived'"),
         (["batch_size=abc"], r"'batch_size' \(Outer\.batch_size\) in override 'batch_size=abc'"),
-        (["batch_size=2.5"], r"'batch_size' \(Outer\.batch_size\).*expected an int, got 2\.5"),
-        (["batch_size=true"], r"'batch_size'.*expected an int, got True"),
-        (["learning_rate=fast"], r"'learning_rate'.*expected a float"),
-        (["use_lora=maybe"], r"'use_lora'.*expected a bool"),
-        (["seeds=[1, x]"], r"'seeds'.*item 1: expected an int, got 'x'"),
-        (["seeds=3"], r"'seeds'.*expected a list"),
-        (["pair=[1]"], r"'pair'.*with 2 items, got 1"),
-        (["kind=sac"], r"'kind'.*expected one of \['ppo', 'grpo'\]"),
-        (["mode=medium"], r"'mode'.*expected one of \['fast', 'slow'\]"),
-        (["target_kl=high"], r"'target_kl'.*expected float \| None"),
-        (["weights={a: x}"], r"'weights'.*item 'a': expected a float"),
-        (["inner.dim=x"], r"'inner\.dim' \(Inner\.dim\).*expected an int, got 'x'"),
+        (["batch_size=2.5"], r"'batch_size' \(Outer\.batch_size\).*'2\.5' into an int"),
+        (["batch_size=1e2"], r"'batch_size' \(Outer\.batch_size\).*'1e2' into an int"),
+        (["batch_size=true"], r"'batch_size'.*expected int, got True \(bool\)"),
+        (["learning_rate=fast"], r"'learning_rate'.*'fast' into a float; expected float\.$"),
+        (["use_lora=maybe"], r"'use_lora'.*'maybe' into a bool; expected bool\.$"),
+        (["seeds=[1, x]"], r"'seeds'.*item 1: Couldn't parse 'x' into an int"),
+        (["seeds=3"], r"'seeds'.*expected a list \(tuple\[int, \.\.\.\]\), got 3"),
+        (["pair=[1]"], r"'pair'.*Expected 2 items, got 1; expected tuple\[int, float\]"),
+        (["kind=sac"], r"'kind'.*'sac' .*into one of: ppo, grpo"),
+        (["mode=medium"], r"'mode'.*'medium'.*expected Mode\.$"),
+        (["target_kl=high"], r"'target_kl'.*'high' into a float; expected float \| None"),
+        (["weights={a: x}"], r"'weights'.*item a: Couldn't parse 'x' into a float"),
+        (["inner.dim=x"], r"'inner\.dim' \(Inner\.dim\).*'x' into an int; expected int\.$"),
         (["inner.dim=0"], r"Inner\.dim=0 is invalid"),
         (["inner={dimm: 2}"], r"'inner\.dimm' for Inner\. Did you mean 'dim'"),
         (["batch_size.x=1"], r"Outer\.batch_size has type int, not a nested config"),
@@ -304,9 +306,14 @@ def test_override_errors_name_the_key(overrides, pattern):
     "text, pattern",
     [
         ("learning_rat: 1e-6\n", r"Did you mean 'learning_rate'"),
-        ("inner:\n  dim: x\n", r"'inner\.dim' \(Inner\.dim\): expected an int, got 'x'"),
+        ("inner:\n  dim: x\n", r"'inner\.dim' \(Inner\.dim\): Couldn't parse 'x' into an int"),
         ("inner: 3\n", r"'inner' \(Outer\.inner\): expected a mapping of Inner fields, got 3"),
-        ("sampling:\n  stop_token_ids: [1, b]\n", r"'sampling\.stop_token_ids'.*item 1"),
+        ("sampling:\n  stop_token_ids: [1, b]\n",
+         r"'sampling\.stop_token_ids\.1' \(Sampling\.stop_token_ids\): Couldn't parse 'b'"),
+        ("name: 123\n", r"'name' \(Outer\.name\): expected str, got 123 \(int\)"),
+        ("name: null\n", r"'name' \(Outer\.name\): expected str, got null"),
+        ("batch_size: true\n", r"'batch_size' \(Outer\.batch_size\): expected int, got True"),
+        ("sampling: [1]\n", r"'sampling'.*expected a mapping of Sampling fields, got \[1\]"),
         ("- 1\n- 2\n", r"must hold a mapping of field names, got list"),
     ],
 )
@@ -329,7 +336,7 @@ def test_unknown_keys_in_a_file_name_the_file(tmp_path):
 
 
 def test_missing_required_key():
-  with pytest.raises(ValueError, match=r"Required: missing required key\(s\) 'seed'"):
+  with pytest.raises(ValueError, match=r"Required: Missing required field\(s\) `seed`"):
     load_config(Required)
   assert load_config(Required, None, ["seed=3"]) == Required(seed=3)
 
@@ -373,3 +380,153 @@ def test_syntax_errors_give_file_line_and_column_in_one_line(tmp_path, name, con
   message = str(info.value)
   assert "\n" not in message and message.startswith(f"Config file '{path}'")
   assert info.value.__cause__ is None and info.value.__suppress_context__  # no chained traceback
+
+
+# ---- the stage configs ---------------------------------------------------------------------------
+
+
+def _stage_configs() -> list:
+  """One non-default instance of every config a stage saves into its run folder."""
+  from jax_ppo.models import LoRAConfig
+  from jax_ppo.quickstart.config import smoke
+  from jax_ppo.trainer.config import PPOConfig
+  from jax_ppo.trainer.monitor import MonitorConfig
+  from jax_ppo.trainer.reward_model import RewardModelConfig
+  from jax_ppo.trainer.reward_run import RewardRunConfig
+  from jax_ppo.trainer.reward_specs import RewardSource
+  from jax_ppo.trainer.run_config import RunConfig
+  from jax_ppo.trainer.sft import SFTConfig
+  from jax_ppo.trainer.sft_run import SFTRunConfig
+
+  return [
+      RunConfig(
+          policy_path="models/policy", prompts_path="data/prompts.jsonl", run_dir="runs/ppo",
+          ppo=PPOConfig(learning_rate=3e-6, stop_token_ids=(2, 7), target_kl=None),
+          rewards=(RewardSource(model_path="runs/rm", weight=1.0),
+                   RewardSource(function="length", weight=-0.1, name="len")),
+          lora=LoRAConfig(rank=4, targets=("q", "v")), dtype="bfloat16", pad_token="<unk>",
+          wandb_init={"project": "rlhf", "tags": ["a", "b"]}, updates_per_run=3,
+          monitor=MonitorConfig(kl_threshold=0.2, kl_length_key=None),
+      ),
+      SFTRunConfig(model_path="m", train_path="sft.jsonl", run_dir="runs/sft", steps_per_run=2,
+                   sft=SFTConfig(learning_rate=1e-5, packing=True, total_steps=40),
+                   lora=LoRAConfig(rank=2)),
+      RewardRunConfig(model_path="m", train_path="prefs.json", run_dir="runs/rm",
+                      policy_path="runs/sft/hf_model", normalise=False,
+                      reward=RewardModelConfig(batch_size=4, max_grad_norm=None)),
+      smoke(seed=3, kl_coef=0.05),
+  ]
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_every_stage_config_round_trips_through_its_run_folder_file(tmp_path, suffix):
+  from jax_ppo.trainer.run_config import RunConfig, load_run_config, saved_run_config
+
+  for config in _stage_configs():
+    path = save_config(config, tmp_path / f"{type(config).__name__}{suffix}")
+    assert load_config(type(config), path) == config, type(config).__name__
+    assert config_from_dict(type(config), json.loads(json.dumps(config_to_dict(config)))) == (
+        config)
+    if isinstance(config, RunConfig):
+      assert load_run_config([str(path)]) == config
+      save_config(config, tmp_path)
+      assert saved_run_config(tmp_path) == config
+
+
+@pytest.mark.parametrize(
+    "text, overrides, pattern",
+    [
+        ("rewards: [{functoin: length}]\n", [],
+         r"^Config file '.*': Unknown config key 'rewards\.0\.functoin' for RewardSource\. Did "
+         r"you mean 'function'\?"),
+        ("rewards: [{function: length, weight: heavy}]\n", [],
+         r"^Config key 'rewards\.0\.weight' \(RewardSource\.weight\): Couldn't parse 'heavy' into "
+         r"a float; expected float\.$"),
+        ("rewards: [{weight: 1}]\n", [], r"^RewardSource needs exactly one of function"),
+        ("reward_function: length\nlora: {rank: x}\n", [],
+         r"^Config key 'lora\.rank' \(LoRAConfig\.rank\): Couldn't parse 'x' into an int; "
+         r"expected int\.$"),
+        ("reward_function: length\n", ["lora.rank=x"],
+         r"^Config key 'lora\.rank' \(LoRAConfig\.rank\) in override 'lora\.rank=x': Couldn't "
+         r"parse 'x' into an int; expected int\.$"),
+        ("reward_function: length\n", ["lora.rnak=4"],
+         r"^Unknown config key 'lora\.rnak' for LoRAConfig\. Did you mean 'rank'\?"),
+        ("reward_function: length\n", ["rewards=[{function: length, weight: x}]"],
+         r"^Config key 'rewards' \(RunConfig\.rewards\) in override .*: item 0\.weight: Couldn't "
+         r"parse 'x' into a float; expected float\.$"),
+        ("reward_function: length\n", ["monitor.kl_threshold=true"],
+         r"^Config key 'monitor\.kl_threshold' \(MonitorConfig\.kl_threshold\) in override .*: "
+         r"expected float, got True \(bool\)\.$"),
+        ("reward_function: length\nppo: {batch_size: 0}\n", [], r"^PPOConfig\.batch_size=0 is "
+         r"invalid"),
+    ],
+)
+def test_stage_config_errors_are_one_line_naming_the_key(tmp_path, text, overrides, pattern):
+  from jax_ppo.trainer.run_config import RunConfig
+
+  path = tmp_path / "run.yaml"
+  path.write_text("policy_path: p\nprompts_path: q.txt\nrun_dir: r\n" + text)
+  with pytest.raises(ValueError, match=pattern) as info:
+    load_config(RunConfig, path, overrides)
+  assert "\n" not in str(info.value)
+
+
+# ---- resuming a run written by an older version --------------------------------------------------
+
+
+def test_with_defaults_fills_in_what_an_older_version_did_not_save():
+  saved = {"seed": 1, "gone": 3, "inner": {"dim": 2}, "sampling": {"temperature": 0.5}}
+  filled = with_defaults(Outer, saved)
+  assert filled["inner"] == {"dim": 2, "dropout": 0.0, "names": ["a"]}
+  assert filled["sampling"] == {"temperature": 0.5, "stop_token_ids": []}
+  assert filled["batch_size"] == 64 and filled["mode"] == "FAST" and filled["gone"] == 3
+  assert "derived" not in filled and "seed" not in with_defaults(Required, {})  # no default
+  assert saved == {"seed": 1, "gone": 3, "inner": {"dim": 2}, "sampling": {"temperature": 0.5}}
+
+
+def test_a_missing_saved_field_at_todays_default_is_unchanged():
+  from jax_ppo.checkpoint import CheckpointConfigMismatch, check_config
+  from jax_ppo.trainer.run_config import RunConfig
+
+  config = _stage_configs()[0]
+  saved = config_to_dict(config)
+  del saved["resize_embeddings"], saved["ppo"]["clip_eps"], saved["lora"]["alpha"]  # added later
+  now = config_to_dict(config)
+  check_config(saved, now, where="runs/ppo", config_type=RunConfig)
+  with pytest.raises(CheckpointConfigMismatch):  # compared as plain dicts they differ
+    check_config(saved, now, where="runs/ppo")
+  # A value other than today's default is a change; so is a section the old run did not have.
+  changed = dataclasses.replace(config, resize_embeddings=True)
+  with pytest.raises(CheckpointConfigMismatch, match=r"resize_embeddings: saved False, now True"):
+    check_config(saved, config_to_dict(changed), where="runs/ppo", config_type=RunConfig)
+  del saved["lora"]
+  with pytest.raises(CheckpointConfigMismatch, match=r"lora: saved None, now"):
+    check_config(saved, now, where="runs/ppo", config_type=RunConfig)
+
+
+def test_a_checkpoint_saved_before_a_field_was_added_resumes(tmp_path):
+  import jax.numpy as jnp
+
+  from jax_ppo.checkpoint import CheckpointConfigMismatch, RunCheckpointer
+
+  old = config_to_dict(Outer())
+  del old["use_lora"], old["inner"]["dropout"]  # fields this version added
+  with RunCheckpointer(tmp_path, config=old, async_save=False) as ckpt:
+    assert ckpt.save(1, {"w": jnp.zeros(2)})
+  with RunCheckpointer(tmp_path, config=Outer(), async_save=False) as ckpt:
+    assert ckpt.latest_step() == 1
+  with pytest.raises(CheckpointConfigMismatch, match=r"use_lora: saved False, now True"):
+    RunCheckpointer(tmp_path, config=Outer(use_lora=True), async_save=False)
+
+
+def test_a_quickstart_folder_from_before_a_field_was_added_resumes(tmp_path):
+  from jax_ppo.quickstart.config import smoke
+  from jax_ppo.quickstart.pipeline import _check_config
+
+  _check_config(smoke(), tmp_path)  # writes config.json
+  record = json.loads((tmp_path / "config.json").read_text())
+  del record["hack_pair_fraction"]  # as if written before the field existed
+  (tmp_path / "config.json").write_text(json.dumps(record))
+  _check_config(smoke(), tmp_path)
+  with pytest.raises(ValueError, match=r"another configuration \(hack_pair_fraction: "):
+    _check_config(smoke(hack_pair_fraction=0.5), tmp_path)

@@ -100,6 +100,7 @@ def check_config(
     *,
     where: str,
     ignore: Sequence[str] = (),
+    config_type: type | None = None,
 ) -> None:
   """Raises `CheckpointConfigMismatch` naming every differing field (see `config_differences`).
 
@@ -108,7 +109,13 @@ def check_config(
     current: the configuration of the run being started (plain dict).
     where: what holds the saved configuration, for the message (e.g. "'runs/a' (step 40)").
     ignore: dotted keys (or prefixes) allowed to differ.
+    config_type: the dataclass `current` was made from; fields `saved` lacks (it was written
+      before they were added) count at their defaults (`jax_ppo.config_io.with_defaults`).
   """
+  if config_type is not None:
+    from jax_ppo.config_io import with_defaults
+
+    saved = with_defaults(config_type, saved)
   diffs = config_differences(saved, current, ignore=ignore)
   if not diffs:
     return

@@ -33,6 +33,7 @@ that step is saved again).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -172,6 +173,7 @@ class RunCheckpointer:
     self.best_metric = best_metric
     self.best_mode = best_mode
     self.config = _plain_config(config)
+    self._config_type = type(config) if dataclasses.is_dataclass(config) else None
     self.config_ignore = tuple(config_ignore)
     self.read_only = read_only
 
@@ -560,5 +562,5 @@ class RunCheckpointer:
   def _check_config(self, meta: Mapping[str, Any], step: int) -> None:
     saved = meta.get("config")
     if saved is not None:
-      check_config(saved, self.config, ignore=self.config_ignore,
+      check_config(saved, self.config, ignore=self.config_ignore, config_type=self._config_type,
                    where=f"{str(self.directory)!r} (checkpoint of step {step})")

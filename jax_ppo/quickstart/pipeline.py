@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jax_ppo.config_io import with_defaults
 from jax_ppo.quickstart import report, stages
 from jax_ppo.quickstart.config import QuickstartConfig
 
@@ -18,7 +19,7 @@ def _check_config(cfg: QuickstartConfig, out: pathlib.Path) -> None:
   path = out / "config.json"
   record = stages.config_record(cfg)
   if path.exists():
-    old = json.loads(path.read_text())
+    old = with_defaults(QuickstartConfig, json.loads(path.read_text()))  # fields added since
     diff = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
     if diff:
       details = ", ".join(f"{k}: {old.get(k)!r} -> {record.get(k)!r}" for k in diff)

@@ -325,7 +325,8 @@ class RunLoop:
       if checkpointer.latest_step() is None and config_file.is_file():
         # A run that stopped before its first checkpoint: its logs belong to that config.
         check_config(read_config_file(config_file), config_to_dict(self.run_config),
-                     ignore=opts.resume_ignore, where=f"{str(run_dir)!r} ({CONFIG_FILENAME})")
+                     ignore=opts.resume_ignore, where=f"{str(run_dir)!r} ({CONFIG_FILENAME})",
+                     config_type=type(self.run_config))
       if checkpointer.latest_step() is not None:
         start = self.restore(checkpointer, None)
         logger.info("Resumed %s from step %d.", run_dir, start)
