@@ -220,7 +220,8 @@ def override_config(config: T, overrides: Sequence[str]) -> T:
 
 def with_defaults(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
   """`saved` (a plain config dict written by `config_to_dict`, maybe by an older version) with
-  every `cls` field it lacks set to today's default, recursively into nested configs.
+  every `cls` field it lacks set to today's default, recursively into nested configs and the
+  items of `tuple[Dataclass, ...]` fields.
 
   Resuming compares the saved config with the current one; a field added after the run was
   started ran at what is (by design) today's default, so it must not count as changed. Fields
@@ -237,6 +238,8 @@ def with_defaults(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
       out[field.name] = draccus.encode(field.default_factory(), tp)
     elif (nested := _dataclass_of(tp)) is not None and isinstance(out.get(field.name), Mapping):
       out[field.name] = with_defaults(nested, out[field.name])
+    elif (item := _tuple_item_dataclass(tp)) is not None and isinstance(out.get(field.name), list):
+      out[field.name] = [with_defaults(item, entry) for entry in out[field.name]]
   return out
 
 

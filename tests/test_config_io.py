@@ -491,6 +491,10 @@ def test_a_missing_saved_field_at_todays_default_is_unchanged():
   config = _stage_configs()[0]
   saved = config_to_dict(config)
   del saved["resize_embeddings"], saved["ppo"]["clip_eps"], saved["lora"]["alpha"]  # added later
+  del saved["rewards"][1]["weight"]
+  assert with_defaults(RunConfig, saved)["rewards"][1] == {"function": "length", "model_path": None,
+                                                           "weight": 1.0, "name": "len"}
+  saved["rewards"][1]["weight"] = -0.1
   now = config_to_dict(config)
   check_config(saved, now, where="runs/ppo", config_type=RunConfig)
   with pytest.raises(CheckpointConfigMismatch):  # compared as plain dicts they differ
