@@ -14,7 +14,8 @@ MLP 3072, tied embeddings, QK-norm; batch 8 of 512 prompt + 512 response tokens 
 policy with a value head on its trunk (GAE), fp32 weights and compute. `--shape small` is a
 2-layer model of the same vocabulary for a quick check.
 
-    python experiments/benchmarks/update_memory.py [--shape qwen3-0.6b|small] [--json PATH]
+    python experiments/benchmarks/update_memory.py [--shape qwen3-0.6b|small] [--remat full]
+        [--dtype bfloat16] [--json PATH]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ SHAPES = {
 GIB = 2**30
 
 
-def abstract_update(shape: dict, *, epochs: int, dtype: str):
+def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"):
   """`(steps, args)`: the `PPOSteps` of the shape's run and abstract arguments of
   `experience_update`."""
   import jax
@@ -61,7 +62,7 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str):
 
   def build():
     model = CausalLM(ModelConfig(**shape["model"]), dtype=compute, param_dtype=jnp.float32,
-                     rngs=nnx.Rngs(0))
+                     remat=remat, rngs=nnx.Rngs(0))
     model.add_value_head()
     return model
 
@@ -84,9 +85,10 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str):
   return steps, (state, frozen, rollout, sds((b,), jnp.float32))
 
 
-def measure(shape: dict, *, chunk_bytes: int | None, epochs: int, dtype: str) -> dict:
+def measure(shape: dict, *, chunk_bytes: int | None, epochs: int, dtype: str,
+            remat: str = "none") -> dict:
   """Compiles `experience_update` with `logits_chunk_bytes=chunk_bytes`; its memory analysis."""
-  steps, args = abstract_update(shape, epochs=epochs, dtype=dtype)
+  steps, args = abstract_update(shape, epochs=epochs, dtype=dtype, remat=remat)
   steps.logits_chunk_bytes = chunk_bytes
   start = time.perf_counter()
   compiled = steps.experience_update.lower(*args).compile()
@@ -98,9 +100,8 @@ def measure(shape: dict, *, chunk_bytes: int | None, epochs: int, dtype: str) ->
   }
   out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
   b, t, v = shape["batch"], shape["response"], shape["model"]["vocab_size"]
-  out["chunk_steps"] = steps_chunk = _chunk(b, t, v, chunk_bytes)
+  out["chunk_steps"] = _chunk(b, t, v, chunk_bytes)
   out["compile_s"] = round(seconds, 1)
-  del steps_chunk
   return out
 
 
@@ -119,6 +120,8 @@ def main(argv=None) -> dict:
   p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
   p.add_argument("--chunk-bytes", type=int, default=LOGITS_CHUNK_BYTES,
                  help="PPOSteps.logits_chunk_bytes of the chunked run (default 256 MiB)")
+  p.add_argument("--remat", default="none",
+                 help="per-layer rematerialisation of both runs (RunConfig.remat; default none)")
   p.add_argument("--json", help="write the results to this JSON file")
   args = p.parse_args(argv)
   import jax
@@ -126,19 +129,20 @@ def main(argv=None) -> dict:
   shape = SHAPES[args.shape]
   runs = {
       "whole logits (before)": measure(shape, chunk_bytes=None, epochs=args.epochs,
-                                       dtype=args.dtype),
+                                       dtype=args.dtype, remat=args.remat),
       "chunked (after)": measure(shape, chunk_bytes=args.chunk_bytes, epochs=args.epochs,
-                                 dtype=args.dtype),
+                                 dtype=args.dtype, remat=args.remat),
   }
   result = {
       "benchmark": "update_memory", "shape": args.shape, "config": shape, "epochs": args.epochs,
-      "dtype": args.dtype, "program": "PPOSteps.experience_update",
+      "dtype": args.dtype, "remat": args.remat, "program": "PPOSteps.experience_update",
       "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
       "jax": jax.__version__, "runs": runs,
   }
   names = ("arguments", "outputs", "aliased", "temporaries", "peak")
   print(f"{args.shape}: batch {shape['batch']}, {shape['prompt']} + {shape['response']} tokens, "
-        f"vocab {shape['model']['vocab_size']}, {args.dtype}, {args.epochs} epoch(s), "
+        f"vocab {shape['model']['vocab_size']}, {args.dtype}, remat {args.remat}, "
+        f"{args.epochs} epoch(s), "
         f"{result['backend']} ({result['device_kind']})")
   print(f"| GiB | {' | '.join(names)} | chunk steps | compile s |")
   print("|---" * (len(names) + 3) + "|")
