@@ -28,8 +28,8 @@ import numpy as np
 from flax import nnx, struct
 
 from jax_ppo.core import (
-  position_ids_from_mask,
-  response_mask_from_stop_tokens,
+    position_ids_from_mask,
+    response_mask_from_stop_tokens,
 )
 from jax_ppo.models.errors import VocabularyError
 from jax_ppo.rollout import token_logprobs
