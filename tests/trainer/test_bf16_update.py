@@ -1,6 +1,6 @@
 """`RunConfig.dtype="bfloat16"`: bfloat16 compute with float32 master weights and float32
-log-softmax. One fused PPO update in bfloat16 is close to the same update in float32 (same
-initial weights, same rollout); weights, optimizer state and log-probs stay float32."""
+log-softmax. One fused PPO update (two epochs) in bfloat16 is close to the same update in float32
+(same initial weights, same rollout); weights, optimizer state and log-probs stay float32."""
 
 import dataclasses
 
@@ -15,16 +15,27 @@ from jax_ppo.trainer import PPOTrainer, TokenScorer
 from jax_ppo.trainer.run_config import DTYPES
 from tests.trainer.conftest import CONFIG, MODEL, count_target, prompts
 
-#: bfloat16 keeps 8 significant bits (relative rounding 2^-9 ~ 0.002); through one layer and the
-#: LM head the per-token log-probs move by a few 1e-3, the losses (means over tokens) by less.
+#: bfloat16 keeps 8 significant bits (relative rounding 2^-9 ~ 0.002). Measured on this tiny
+#: model (jax 0.10.2, CPU): per-token log-probs differ by at most 5e-3, the losses (means over
+#: tokens, two epochs) by about 1e-4, the mean sequence KL by 1e-3. The bounds leave room for
+#: other backends' rounding but fail on a real numerical error.
 LOGPROB_ATOL = 3e-2
-LOSS_ATOL = 1e-2
-CONFIG_1 = dataclasses.replace(CONFIG, num_minibatches=1, ppo_epochs=1, entropy_coef=0.01)
+LOSS_ATOL = 2e-3
+KL_ATOL = 5e-3
+CONFIG_1 = dataclasses.replace(CONFIG, num_minibatches=1, ppo_epochs=2, entropy_coef=0.01)
 
 
 def _trainer(dtype):
+  """A trainer whose trained weights (value head included) are moved away from the reference,
+  so that the KL, the values and the second epoch's ratios are not trivially equal."""
   policy = CausalLM(MODEL, dtype=DTYPES[dtype], param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-  return PPOTrainer(CONFIG_1, policy, reward=TokenScorer(count_target), prompts=prompts())
+  trainer = PPOTrainer(CONFIG_1, policy, reward=TokenScorer(count_target), prompts=prompts())
+  leaves, tree = jax.tree.flatten(trainer.state.policy)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  moved = [x + 0.05 * jax.random.normal(k, x.shape, x.dtype)
+           for x, k in zip(leaves, keys, strict=True)]
+  trainer.state = trainer.state.replace(policy=jax.tree.unflatten(tree, moved))
+  return trainer
 
 
 @pytest.mark.slow
@@ -54,4 +65,5 @@ def test_bfloat16_update_is_close_to_float32():
   assert diff.max() > 0  # bfloat16 really ran
   for name in ("loss/policy_avg", "loss/value_avg", "loss/total_avg", "policy/entropy_avg"):
     assert abs(float(m1[name]) - float(m0[name])) < LOSS_ATOL, (name, m1[name], m0[name])
-  assert abs(float(e1["objective/kl"]) - float(e0["objective/kl"])) < LOSS_ATOL
+  assert abs(float(m0["loss/policy_avg"])) > 10 * LOSS_ATOL  # a loss that can tell them apart
+  assert abs(float(e1["objective/kl"]) - float(e0["objective/kl"])) < KL_ATOL
