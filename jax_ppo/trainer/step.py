@@ -166,8 +166,7 @@ class PPOSteps:
     return h, (model.values_from_hidden(h) if values else None)
 
   def _token_logprobs(self, model, h: Array, tokens: Array, *, entropy: str | None):
-    """`rollout.token_logprobs.head_logprobs` at the sampling temperature, chunked above
-    `logits_chunk_bytes`."""
+    """`token_logprobs.head_logprobs` at the sampling temperature (chunked if large)."""
     return head_logprobs(model, h, tokens, self.config.temperature, entropy=entropy,
                          chunk_bytes=self.logits_chunk_bytes)
 
