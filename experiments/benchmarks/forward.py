@@ -61,6 +61,8 @@ def parse_args(argv=None):
   p.add_argument("--matmul-size", type=int, default=2048)
   p.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
   p.add_argument("--json", default=None, help="write the results to this path")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                 help="compute dtype of the jax model (weights stay float32)")
   return p.parse_args(argv)
 
 
@@ -120,7 +122,8 @@ def bench_jax(config, args):
   from jax_ppo.core import gather_logprobs
   from jax_ppo.models import CausalLM
 
-  model = CausalLM(config, remat=args.remat, scan_layers=not args.unroll, rngs=nnx.Rngs(0))
+  model = CausalLM(config, remat=args.remat, scan_layers=not args.unroll,
+                   dtype=jnp.dtype(args.dtype), rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   del model
   rng = jax.random.key(1)
@@ -178,6 +181,7 @@ def main(argv=None):
   args = parse_args(argv)
   flags = DEFAULT_XLA_FLAGS if args.xla_flags is None else args.xla_flags
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flags).strip()
+  import device_peaks
   import jax
 
   from jax_ppo.models.config import config_from_hf
@@ -185,7 +189,7 @@ def main(argv=None):
   tokens = args.batch * args.seq
   results = dict(
       xla_flags=os.environ["XLA_FLAGS"], batch=args.batch, seq=args.seq, reps=args.reps,
-      remat=args.remat, scan_layers=not args.unroll, devices=str(jax.devices()),
+      remat=args.remat, scan_layers=not args.unroll, devices=str(jax.devices()), dtype=args.dtype,
       cpu_count=os.cpu_count(), shapes={},
   )
   peak, peak_cpu = matmul_peak_jax(args.matmul_size, args.reps)
@@ -212,6 +216,10 @@ def main(argv=None):
           e[kind + "_frac_peak"] = e[kind + "_gflops"] / peak
           e[kind + "_gflops_per_cpu_s"] = mult * n * tokens / e[kind + "_cpu_s"] / 1e9
           e[kind + "_frac_peak_cpu"] = e[kind + "_gflops_per_cpu_s"] / peak_cpu
+    kind = jax.devices()[0].device_kind  # MFU against the card's datasheet peak (accelerators)
+    for pass_name, mult in (("forward", 2), ("train", 6)):
+      entry["jax"][pass_name + "_accelerator"] = device_peaks.utilisation(
+          kind, dtype=args.dtype, flops_per_s=mult * n * tokens / entry["jax"][pass_name + "_s"])
     results["shapes"][shape] = entry
     print(f"done {shape}", file=sys.stderr, flush=True)
 

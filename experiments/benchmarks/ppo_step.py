@@ -164,6 +164,12 @@ def main(argv=None) -> dict:
   import jax
 
   results = {"jax_ppo": run_jax(args, shape)}
+  import device_peaks  # MFU against the card's datasheet peak (None on a CPU)
+
+  r = results["jax_ppo"]
+  r["accelerator"] = device_peaks.utilisation(
+      jax.devices()[0].device_kind, dtype="float32",
+      flops_per_s=r["mfu"] * r["matmul_peak_gflops"] * 1e9)
   trl = run_trl(args)
   if trl is not None:
     results["trl"] = trl

@@ -21,7 +21,7 @@ from jax_ppo.core.kl import (
     kl_penalty,
     multiplicative_kl_controller,
 )
-from jax_ppo.core.logprobs import entropy_from_logits, gather_logprobs
+from jax_ppo.core.logprobs import chunked_logprobs, entropy_from_logits, gather_logprobs
 from jax_ppo.core.losses import aggregate_loss, entropy_bonus, ppo_policy_loss, ppo_value_loss
 from jax_ppo.core.masks import (
     position_ids_from_mask,
@@ -43,6 +43,7 @@ __all__ = [
     "KLControllerState",
     "adaptive_kl_controller",
     "aggregate_loss",
+    "chunked_logprobs",
     "entropy_bonus",
     "entropy_from_logits",
     "explained_variance",

@@ -82,7 +82,9 @@ base weights, adapters off); `merge_lora(model)` folds them in (`save_pretrained
 
 Performance knobs
 -----------------
-`dtype` / `param_dtype`; `remat` in ("none", "layer", "dots", "dots_all") per layer;
+`dtype` / `param_dtype`; `remat` in `REMAT_POLICIES` ("none", "layer"/"full", "dots",
+"dots_all" or a `jax.checkpoint_policies` name) per layer, `set_remat(model, name)` for a built
+model;
 `scan_layers` (lax.scan over the stacked `[L, ...]` weights, or unrolled; `with layer_loop(model,
 False): nnx.split(model)` switches an existing model temporarily). Attention never repeats K/V
 over query groups and computes scores and softmax in float32.
@@ -145,6 +147,7 @@ from jax_ppo.models.transformer import (
     init_cache,
     layer_loop,
     prefill,
+    set_remat,
 )
 
 __all__ = [
@@ -183,6 +186,7 @@ __all__ = [
     "read_last_valid",
     "resize_token_embeddings",
     "save_pretrained",
+    "set_remat",
     "split_lora",
     "value_model_from_reward_model",
 ]

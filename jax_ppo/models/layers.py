@@ -201,6 +201,14 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
   return out.astype(x.dtype)
 
 
+def _fused_implementation(dtype) -> str:
+  """`jax.nn.dot_product_attention`'s implementation for a compute dtype: cuDNN's fused (flash)
+  kernel on NVIDIA GPUs in bfloat16/float16 (the dtypes it supports), XLA's otherwise."""
+  if jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+    return "cudnn"
+  return "xla"
+
+
 def attention(
     q: Array,
     k: Array,
@@ -213,10 +221,19 @@ def attention(
 ) -> Array:
   r"""Grouped-query attention :math:`\mathrm{softmax}(s\, q k^\top + \text{mask})\, v`.
 
-  Keys and values are never repeated over the query groups: queries are viewed as
-  `[B, S, K, H/K, Dh]` and contracted against `[B, T, K, Dh]`. Scores and the softmax are float32;
-  masked scores get the most negative float32, so a row with no visible key (a padding query)
-  averages the values uniformly instead of producing NaN.
+  Two paths, the same function (tests/models/test_parity.py holds both against transformers):
+
+  - fused: `jax.nn.dot_product_attention` (XLA's implementation; on NVIDIA GPUs in
+    bfloat16/float16 cuDNN's flash kernel, falling back to XLA's where cuDNN refuses the
+    shapes). Used for the full-sequence forward (training, teacher forcing, prefill) without
+    soft-capping. Sliding windows, padding and segments are all in `mask`.
+  - explicit (`_explicit_attention`): einsums with a float32 softmax. Used where the fused
+    function does not apply: Gemma 2's logit soft-capping (`softcap`: `dot_product_attention`
+    has no cap on the scores) and the decode step's `heads_first` cache layout (one query per
+    row, nothing for a flash kernel to gain; transposing the cache each step would cost more).
+
+  Both keep keys and values unrepeated over the query groups and give a row with no visible key
+  (a padding query) the uniform average of the values instead of NaN.
 
   Args:
     q: `[B, S, H, Dh]` queries.
@@ -230,6 +247,32 @@ def attention(
 
   Returns:
     `[B, S, H, Dh]` in the dtype of `v`.
+  """
+  if softcap is not None or heads_first:
+    return _explicit_attention(q, k, v, mask, scale=scale, softcap=softcap,
+                               heads_first=heads_first)
+  q = q.astype(v.dtype)
+  k = k.astype(v.dtype)
+  implementation = _fused_implementation(v.dtype)
+  call = lambda impl: jax.nn.dot_product_attention(
+      q, k, v, mask=mask[:, None], scale=float(scale), implementation=impl
+  )
+  if implementation == "cudnn":
+    try:
+      return call("cudnn").astype(v.dtype)
+    except (ValueError, NotImplementedError, RuntimeError):
+      pass  # shapes or masks cuDNN does not support: XLA's implementation below.
+  return call("xla").astype(v.dtype)
+
+
+def _explicit_attention(
+    q: Array, k: Array, v: Array, mask: Array, *, scale: float, softcap: float | None,
+    heads_first: bool,
+) -> Array:
+  """`attention` as einsums with a float32 softmax (soft-capping, the decode cache layout).
+
+  Queries are viewed as `[B, S, K, H/K, Dh]` and contracted against `[B, T, K, Dh]`; masked
+  scores get the most negative float32.
   """
   b, s, h, dh = q.shape
   kv_heads = k.shape[1 if heads_first else 2]

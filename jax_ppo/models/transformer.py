@@ -39,18 +39,27 @@ from jax_ppo.models.tokenizer import check_token_ids
 
 Array = jax.Array
 
-#: Rematerialisation policies of the per-layer body (`remat=`).
-REMAT_POLICIES = ("none", "layer", "dots", "dots_all")
+#: Rematerialisation of the per-layer body in the backward pass (`remat=`): "none"; "layer" or
+#: "full" (recompute the whole block); "dots" (keep the weight matmuls' outputs); "dots_all"
+#: (keep every matmul output, attention scores included); or the name of an argument-free
+#: `jax.checkpoint_policies` policy.
+REMAT_ALIASES = {
+    "layer": "nothing_saveable",
+    "full": "nothing_saveable",
+    "dots": "dots_with_no_batch_dims_saveable",
+    "dots_all": "dots_saveable",
+}
+REMAT_POLICIES = (
+    "none", *REMAT_ALIASES, "nothing_saveable", "everything_saveable", "dots_saveable",
+    "dots_with_no_batch_dims_saveable", "checkpoint_dots", "checkpoint_dots_with_no_batch_dims",
+)
 
 
-def _remat_policy(name: str):
-  if name == "layer":
-    return jax.checkpoint_policies.nothing_saveable
-  if name == "dots":
-    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-  if name == "dots_all":
-    return jax.checkpoint_policies.dots_saveable
-  raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {name!r}.")
+def remat_policy(name: str):
+  """The `jax.checkpoint` policy of a `REMAT_POLICIES` name other than "none"."""
+  if name == "none" or name not in REMAT_POLICIES:
+    raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {name!r}.")
+  return getattr(jax.checkpoint_policies, REMAT_ALIASES.get(name, name))
 
 
 def _check_concrete_ids(ids, vocab_size: int) -> None:
@@ -145,9 +154,10 @@ class Decoder(nnx.Module):
     config: architecture.
     dtype: compute dtype of activations and matmuls (norms and softmax stay float32).
     param_dtype: storage dtype of the parameters.
-    remat: rematerialisation of each block in the backward pass: `"none"`, `"layer"` (recompute
-      the whole block), `"dots"` (keep the weight matmuls' outputs, recompute the rest),
-      `"dots_all"` (keep every matmul output, attention scores included).
+    remat: rematerialisation of each block in the backward pass: `"none"`, `"layer"`/`"full"`
+      (recompute the whole block), `"dots"` (keep the weight matmuls' outputs, recompute the
+      rest), `"dots_all"` (keep every matmul output, attention scores included), or a
+      `jax.checkpoint_policies` name (`REMAT_POLICIES`).
     scan_layers: run the blocks with `jax.lax.scan` (compile time independent of depth); False
       unrolls them.
   """
@@ -216,7 +226,7 @@ class Decoder(nnx.Module):
 
     if self.remat != "none":
       step = jax.checkpoint(
-          step, policy=_remat_policy(self.remat), prevent_cse=not self.scan_layers
+          step, policy=remat_policy(self.remat), prevent_cse=not self.scan_layers
       )
     xs = (state, jnp.arange(n, dtype=jnp.int32), self._windows())
     if self.scan_layers:
@@ -553,6 +563,18 @@ def layer_loop(model: nnx.Module, scan_layers: bool | None):
   finally:
     for d, scan in zip(decoders, before, strict=True):
       d.scan_layers = scan
+
+
+def set_remat(model: nnx.Module, remat: str) -> nnx.Module:
+  """Sets the rematerialisation policy (`REMAT_POLICIES`) of every `Decoder` in `model` (a
+  `CausalLM`, `ScalarModel`, ...) in place and returns `model`. It takes effect in graph
+  definitions split afterwards (`nnx.split`); the parameters are unchanged."""
+  if remat not in REMAT_POLICIES:
+    raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}.")
+  for _, m in nnx.iter_modules(model):
+    if isinstance(m, Decoder):
+      m.remat = remat
+  return model
 
 
 def prefill(model: CausalLM, input_ids: Array, attention_mask: Array, cache: KVCache, **kwargs):

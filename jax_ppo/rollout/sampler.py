@@ -28,11 +28,11 @@ import numpy as np
 from flax import nnx, struct
 
 from jax_ppo.core import (
-    gather_logprobs,
     position_ids_from_mask,
     response_mask_from_stop_tokens,
 )
 from jax_ppo.models.errors import VocabularyError
+from jax_ppo.rollout import token_logprobs
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -105,10 +105,21 @@ def teacher_forced_logprobs(
   """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
 
   The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
-  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`.
+  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`. Same
+  numbers as `gather_logprobs` on `response_logits`, chunked over `T` above
+  `token_logprobs.LOGITS_CHUNK_BYTES` of logits.
   """
-  logits = response_logits(model, rollout, use_lora=use_lora)
-  logprobs = gather_logprobs(logits, rollout.response_ids, temperature)
+  s = rollout.prompt_ids.shape[1]
+  t = rollout.response_ids.shape[1]
+  h = model.hidden_states(
+      rollout.sequence_ids, rollout.attention_mask, positions=rollout.positions,
+      use_lora=use_lora,
+  )
+  # Large vocabularies go chunk by chunk over T, never holding [B, T, V] float32 logits.
+  logprobs, _ = token_logprobs.head_logprobs(
+      model, h[:, s - 1 : s + t - 1], rollout.response_ids, temperature,
+      chunk_bytes=token_logprobs.LOGITS_CHUNK_BYTES,
+  )
   return jnp.where(rollout.response_mask, logprobs, 0.0)
 
 

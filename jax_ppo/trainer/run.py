@@ -36,6 +36,7 @@ from jax_ppo.models import (
     load_scalar_model,
     load_tokenizer,
     resize_token_embeddings,
+    set_remat,
     value_model_from_reward_model,
 )
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
@@ -177,7 +178,8 @@ def build_trainer(
       config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
       extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
   )
-  policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32)
+  policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
+                           remat=config.remat)
   grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
@@ -230,6 +232,8 @@ def build_trainer(
     else:
       logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",
                      ppo.advantage_mode)
+  if value_model is not None:  # the critic trains too: same remat as the policy
+    set_remat(value_model, config.remat)
   if prompts is None:
     prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
                            max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens))

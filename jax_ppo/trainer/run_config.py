@@ -22,7 +22,7 @@ from jax_ppo.config_io import (
     config_from_dict,
     read_config_file,
 )
-from jax_ppo.models import LoRAConfig
+from jax_ppo.models import REMAT_POLICIES, LoRAConfig
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.monitor import MonitorConfig
 from jax_ppo.trainer.presets import PRESETS, preset_overrides
@@ -41,7 +41,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
     "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
-    "rollback_lr_factor", "max_rollbacks", "monitor",
+    "rollback_lr_factor", "max_rollbacks", "monitor", "remat",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
@@ -90,7 +90,15 @@ class RunConfig:
   read its ids, new rows initialised to the mean row (`jax_ppo.models.resize_token_embeddings`).
   False: such a tokenizer is an error naming this switch."""
   dtype: str = "float32"
-  """Compute dtype of every model: "float32", "bfloat16" or "float16" (weights stay float32)."""
+  """Compute dtype of every model: "float32", "bfloat16" or "float16". The weights, gradients and
+  optimizer state stay float32 (master weights), and log-probs, entropies, norms and softmaxes
+  are computed in float32 whatever this is."""
+  remat: str = "none"
+  """Rematerialisation of each transformer layer of the policy and critic in the training
+  backward pass (less memory, more compute): "none", "full" (recompute the whole layer; "layer"
+  is the same), "dots" (keep the weight matmuls' outputs), "dots_all" (keep every matmul output)
+  or any argument-free `jax.checkpoint_policies` name, e.g. "dots_saveable"
+  (`jax_ppo.models.REMAT_POLICIES`). Gradients are the same."""
   updates_per_run: int | None = None
   """Stop after this many updates in one invocation (None: run to `ppo.total_updates`); run the
   same command again to continue (for schedulers with time limits)."""
@@ -152,6 +160,8 @@ class RunConfig:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.dtype not in DTYPES:
       bad("dtype", f"choose one of {list(DTYPES)}")
+    if self.remat not in REMAT_POLICIES:
+      bad("remat", f"choose one of {list(REMAT_POLICIES)}")
     if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
       bad("pad_token", "give a token string of the policy's vocabulary, or null")
     if not isinstance(self.resize_embeddings, bool):

@@ -40,6 +40,7 @@ from flax import nnx, struct
 
 from jax_ppo import core
 from jax_ppo.rollout.sampler import Rollout
+from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
 from jax_ppo.trainer.state import FrozenParams, TrainState
@@ -102,7 +103,14 @@ class PPOSteps:
     lora: the policy trains LoRA adapters; the reference is the base with adapters off.
     schedule: the learning-rate schedule (for the `lr` metric).
     optimizer: the optax transformation over `{"policy", "value"}`.
+
+  Attributes:
+    logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass (default
+      256 MiB, `rollout.token_logprobs`); larger ones are chunked over `T`, None never chunks.
+      Read when the functions are traced: set it before the first call.
   """
+
+  logits_chunk_bytes: int | None = LOGITS_CHUNK_BYTES
 
   def __init__(
       self,
@@ -147,15 +155,20 @@ class PPOSteps:
     return nnx.merge(self.policy_graphdef, trainable, frozen.policy_rest)
 
   def _forward(self, model, batch, *, use_lora: bool = True, values: bool = False):
-    """Response-position logits `[B, T, V]` (and values `[B, T]` from a shared value head)."""
+    """Response-position hidden states `[B, T, D]` (and values `[B, T]` from a shared value
+    head)."""
     t = batch.response_ids.shape[1]
     s = batch.input_ids.shape[1] - t
     h = model.hidden_states(
         batch.input_ids, batch.attention_mask, positions=batch.positions, use_lora=use_lora
     )
     h = h[:, s - 1 : s + t - 1]  # position s + i - 1 predicts response token i
-    logits = model.logits_from_hidden(h)
-    return logits, (model.values_from_hidden(h) if values else None)
+    return h, (model.values_from_hidden(h) if values else None)
+
+  def _token_logprobs(self, model, h: Array, tokens: Array, *, entropy: str | None):
+    """`token_logprobs.head_logprobs` at the sampling temperature (chunked if large)."""
+    return head_logprobs(model, h, tokens, self.config.temperature, entropy=entropy,
+                         chunk_bytes=self.logits_chunk_bytes)
 
   def _critic_values(self, params, frozen: FrozenParams, batch, shared_values):
     """Values `[B, T]` float32 of the critic at the positions that predict each token."""
@@ -177,14 +190,12 @@ class PPOSteps:
     """
     c = self.config
     policy = self._policy(params["policy"], frozen)
-    logits, shared_values = self._forward(policy, mb, values=self.shared_value_head)
+    h, shared_values = self._forward(policy, mb, values=self.shared_value_head)
     trains_entropy = c.entropy_coef > 0 or (c.entropy_coef_final or 0.0) > 0
-    out = {
-        "logprobs": core.gather_logprobs(logits, mb.response_ids, c.temperature),
-        "entropy": core.entropy_from_logits(
-            logits if trains_entropy else jax.lax.stop_gradient(logits), c.temperature
-        ),
-    }
+    logprobs, entropy = self._token_logprobs(
+        policy, h, mb.response_ids, entropy="grad" if trains_entropy else "no_grad"
+    )
+    out = {"logprobs": logprobs, "entropy": entropy}
     if c.uses_critic:
       out["values"] = self._critic_values(params, frozen, mb, shared_values)
     return out
@@ -231,13 +242,14 @@ class PPOSteps:
     scores = process_scores(c, raw_scores, rollout)
     old_logprobs = jnp.where(mask, behaviour["logprobs"], 0.0)  # item 9: padding: ratio 1, KL 0
     if self.lora:
-      ref_logits, _ = self._forward(self._policy(state.policy, frozen), view, use_lora=False)
+      ref_model = self._policy(state.policy, frozen)
+      ref_h, _ = self._forward(ref_model, view, use_lora=False)
     else:
-      ref_logits, _ = self._forward(self._policy(frozen.ref, frozen), view)
-    ref_logprobs = jnp.where(
-        mask, core.gather_logprobs(ref_logits, view.response_ids, c.temperature), 0.0
-    )
-    del ref_logits
+      ref_model = self._policy(frozen.ref, frozen)
+      ref_h, _ = self._forward(ref_model, view)
+    ref_logprobs, _ = self._token_logprobs(ref_model, ref_h, view.response_ids, entropy=None)
+    ref_logprobs = jnp.where(mask, ref_logprobs, 0.0)
+    del ref_h
 
     kl = jnp.where(mask, core.kl_penalty(old_logprobs, ref_logprobs, estimator=c.kl_estimator), 0.0)
     beta = state.kl.coef

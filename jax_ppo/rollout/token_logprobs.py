@@ -1,0 +1,75 @@
+"""Log-probs and entropies of response tokens from hidden states, chunked when the vocabulary is
+large.
+
+The trainer's old, new and reference log-probs (and the policy entropy) and the sampler's
+teacher-forced log-probs all go through `head_logprobs`: below `LOGITS_CHUNK_BYTES` of float32
+logits it projects the whole `[B, T, D]` hidden states to `[B, T, V]` logits at once (the fastest
+path at small vocabularies); above it, `jax_ppo.core.chunked_logprobs` projects and reduces
+`T`-chunk by `T`-chunk, so neither the forward nor the backward pass holds the whole logits
+(at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 55 steps
+256 MiB). Same numbers either way (tests/trainer/test_token_logprobs.py).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jax_ppo import core
+
+Array = jax.Array
+
+LOGITS_CHUNK_BYTES = 256 * 2**20
+"""Default limit on the float32 logits of one log-prob/entropy pass (256 MiB): e.g. 8 rows x 55
+steps at a 151,936-token vocabulary. Every vocabulary up to ~65k at 8 x 128 response tokens stays
+unchunked."""
+
+
+def logits_chunk(rows: int, steps: int, vocab: int, limit: int | None) -> int | None:
+  """Steps per chunk for `rows x steps` tokens over `vocab` entries, or None (no chunking).
+
+  None when `limit` is None or the whole float32 logits `rows * steps * vocab * 4` bytes fit in
+  `limit`; otherwise the most steps whose logits fit (at least 1).
+  """
+  row_bytes = rows * vocab * 4
+  if limit is None or steps * row_bytes <= limit:
+    return None
+  return max(1, min(steps, limit // row_bytes))
+
+
+def head_logprobs(
+    model,
+    hidden: Array,
+    tokens: Array,
+    temperature: float | Array,
+    *,
+    entropy: str | None = None,
+    chunk_bytes: int | None = LOGITS_CHUNK_BYTES,
+) -> tuple[Array, Array | None]:
+  """Log-probs (and entropies) `[B, T]` float32 of `tokens` under `model`'s LM head.
+
+  Args:
+    model: a `CausalLM` (its `logits_from_hidden` and `config.vocab_size` are used).
+    hidden: `[B, T, D]` final hidden states; position `t` scores `tokens[:, t]`.
+    tokens: `[B, T]` int token ids.
+    temperature: the sampling temperature (docs/rlhf_details.md item 3).
+    entropy: "grad", "no_grad" (under `stop_gradient`) or None (not computed, returns None).
+    chunk_bytes: float32 logits above this many bytes are computed in chunks over `T`
+      (`logits_chunk`); None never chunks.
+
+  Returns:
+    `(logprobs, entropy)`, float32 `[B, T]` each (`entropy` None when not asked for).
+  """
+  if entropy not in ("grad", "no_grad", None):
+    raise ValueError(f"`entropy` must be 'grad', 'no_grad' or None, got {entropy!r}.")
+  b, t = tokens.shape
+  chunk = logits_chunk(b, t, model.config.vocab_size, chunk_bytes)
+  if chunk is not None:
+    return core.chunked_logprobs(
+        hidden, model.logits_from_hidden, tokens, temperature, chunk_size=chunk, entropy=entropy
+    )
+  logits = model.logits_from_hidden(hidden)
+  logprobs = core.gather_logprobs(logits, tokens, temperature)
+  if entropy is None:
+    return logprobs, None
+  src = logits if entropy == "grad" else jax.lax.stop_gradient(logits)
+  return logprobs, core.entropy_from_logits(src, temperature)
