@@ -37,8 +37,10 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
+from jax.sharding import Mesh
 
 from jax_ppo import core
+from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
@@ -102,6 +104,10 @@ class PPOSteps:
     lora: the policy trains LoRA adapters; the reference is the base with adapters off.
     schedule: the learning-rate schedule (for the `lr` metric).
     optimizer: the optax transformation over `{"policy", "value"}`.
+    mesh: a device mesh (`jax_ppo.parallel.make_mesh`): the steps are then compiled with
+      explicit shardings (`jax_ppo.parallel.MeshJit`): state and frozen parameters by the
+      logical-axis rules, batches split on rows over `data` x `fsdp`, metrics replicated. None
+      (the default): plain `jax.jit`, placement left to the arguments.
   """
 
   def __init__(
@@ -114,6 +120,7 @@ class PPOSteps:
       lora: bool,
       optimizer: optax.GradientTransformation,
       schedule: optax.Schedule,
+      mesh: Mesh | None = None,
   ):
     if config.uses_critic and value_graphdef is None and not shared_value_head:
       raise ValueError(
@@ -128,12 +135,27 @@ class PPOSteps:
     self.optimizer = optimizer
     self.schedule = schedule
     self.kl_controller = kl_controller(config)
-    self.experience = jax.jit(self._experience)
-    self.update = jax.jit(functools.partial(self._update, fresh=True), donate_argnums=(0,))
-    self.replay_update = jax.jit(
-        functools.partial(self._update, fresh=False), donate_argnums=(0,)
-    )
-    self.experience_update = jax.jit(self._experience_update, donate_argnums=(0,))
+    self.mesh = mesh
+    update = functools.partial(self._update, fresh=True)
+    replay_update = functools.partial(self._update, fresh=False)
+    if mesh is None:
+      self.experience = jax.jit(self._experience)
+      self.update = jax.jit(update, donate_argnums=(0,))
+      self.replay_update = jax.jit(replay_update, donate_argnums=(0,))
+      self.experience_update = jax.jit(self._experience_update, donate_argnums=(0,))
+    else:
+      step_in = ("params", "params", "batch")
+      self.experience = MeshJit(self._experience, mesh, in_roles=(*step_in, "batch"),
+                                out_roles=("batch", "replicated"))
+      self.update, self.replay_update = (
+          MeshJit(fn, mesh, in_roles=(*step_in, "replicated"),
+                  out_roles=("params", "replicated"), donate_argnums=(0,))
+          for fn in (update, replay_update)
+      )
+      self.experience_update = MeshJit(
+          self._experience_update, mesh, in_roles=(*step_in, "batch"),
+          out_roles=("params", "batch", "replicated", "replicated"), donate_argnums=(0,),
+      )
 
   @property
   def fuses_first_epoch(self) -> bool:
