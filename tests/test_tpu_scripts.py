@@ -73,8 +73,8 @@ def test_launch_runs_the_command_on_all_workers():
   assert cmd[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ppo", "--zone=z"]
   assert cmd[7] == "--worker=all"
   remote = cmd[8].removeprefix("--command=")
-  assert "PATH=$HOME/jax_ppo_venv/bin:$PATH jax-ppo train run.yaml run_dir=gs://bucket/my\\ run" \
-      in remote  # quoted for the worker's shell
+  assert ("JAX_PPO_DISTRIBUTED=1 PATH=$HOME/jax_ppo_venv/bin:$PATH jax-ppo train run.yaml "
+          "run_dir=gs://bucket/my\\ run") in remote  # quoted for the worker's shell
   assert remote.endswith("| tee $HOME/jax_ppo_launch.log")
 
 

@@ -5,12 +5,13 @@
 #       -- COMMAND [ARGS...]
 #
 # e.g. tpu/launch.sh --name ppo --zone us-east5-b -- jax-ppo train configs/run.yaml \
-#          run_dir=gs://bucket/runs/ppo1
-# On a TPU slice every worker finds the others by itself: `jax_ppo.parallel.distributed.initialize`
-# (called by `jax-ppo train|sft|reward`) calls `jax.distributed.initialize()` with no arguments,
-# which reads the TPU metadata. run_dir must be shared by all workers (a gs:// bucket or NFS):
-# Orbax writes checkpoints from every process, and only process 0 writes logs. The output of each
-# worker goes to FILE (default $HOME/jax_ppo_launch.log) on that worker.
+#          run_dir=/mnt/shared/runs/ppo1 mesh.data=1 mesh.fsdp=-1
+# The command runs with JAX_PPO_DISTRIBUTED=1, so `jax-ppo train|sft|reward` calls
+# `jax.distributed.initialize()` with no arguments, which finds the other workers of the slice
+# from the TPU metadata. run_dir must be a folder every worker sees (an NFS/Filestore mount or a
+# gcsfuse-mounted bucket; see tpu/README.md): every process writes its shards of each Orbax
+# checkpoint there, and process 0 the logs. The output of each worker goes to FILE (default
+# $HOME/jax_ppo_launch.log) on that worker.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -38,5 +39,5 @@ gcloud_scope
 printf -v remote '%q ' "$@"
 remote="${remote% }"
 run gcloud compute tpus tpu-vm ssh "${NAME}" "${SCOPE[@]}" --worker=all \
-    "--command=cd \$HOME/jax_ppo 2>/dev/null || cd \$HOME; PATH=${VENV}/bin:\$PATH ${remote} \
-2>&1 | tee ${LOG}"
+    "--command=cd \$HOME/jax_ppo 2>/dev/null || cd \$HOME; JAX_PPO_DISTRIBUTED=1 \
+PATH=${VENV}/bin:\$PATH ${remote} 2>&1 | tee ${LOG}"
