@@ -3,10 +3,11 @@
 A diagnostic for a cluster (`experiments/scale_check.py`) and the multi-process tests: a tiny
 random Llama-shaped policy with a value head, one fixed synthetic rollout and fixed scores, then
 one fused PPO update (`PPOSteps.experience_update`: experience, then `ppo_epochs` optimizer
-steps). Run on one device it is the reference; run with its inputs placed on a mesh (rollout
-rows split over the batch axes, parameters as `param_sharding` says, replicated by default) the
-jitted update is the same SPMD program partitioned by XLA, so the updated parameters must agree
-with the reference up to float summation order (the check uses 1e-4).
+steps). Run on one device it is the reference; run on a mesh (`PPOSteps(mesh=...)`: parameters
+and optimizer state placed by the logical-axis rules of `jax_ppo.parallel.rules`, rollout rows
+split over `data` x `fsdp`) the jitted update is the same SPMD program partitioned by XLA, so the
+updated parameters must agree with the reference up to float summation order (the check uses
+1e-4).
 
 `run_processes` launches `num_processes` copies of this module (`python -m
 jax_ppo.parallel.selfcheck`), each with `devices_per_process` fake CPU devices
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import pathlib
 import socket
@@ -59,8 +61,8 @@ class UpdateResult:
 class TinyUpdate:
   """The fixed inputs of the tiny update (host arrays, identical in every process)."""
 
-  steps: Any
-  """`PPOSteps` of the tiny policy."""
+  make_steps: Callable[[Any], Any]
+  """`mesh -> PPOSteps` of the tiny policy (None: one device)."""
   state: Any
   """Its `TrainState` at step 0."""
   frozen: Any
@@ -109,8 +111,9 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
   policy.add_value_head()
   graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
   optimizer, schedule = make_optimizer(config)
-  steps = PPOSteps(config, policy_graphdef=graphdef, value_graphdef=None, shared_value_head=True,
-                   lora=False, optimizer=optimizer, schedule=schedule)
+  make_steps = functools.partial(
+      PPOSteps, config, policy_graphdef=graphdef, value_graphdef=None, shared_value_head=True,
+      lora=False, optimizer=optimizer, schedule=schedule)
   state = init_train_state(config, optimizer, policy=params, value=None,
                            rng=jax.random.PRNGKey(seed))
   frozen = FrozenParams(policy_rest=rest, ref=jax.tree.map(np.array, params), value_rest=None,
@@ -138,8 +141,8 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
   )
   scores = np.sum(response_ids == 7, axis=1).astype(np.float32) + rng.normal(size=b).astype(
       np.float32)
-  return TinyUpdate(steps=steps, state=jax.device_get(state), frozen=jax.device_get(frozen),
-                    rollout=rollout, scores=scores)
+  return TinyUpdate(make_steps=lambda mesh: make_steps(mesh=mesh), state=jax.device_get(state),
+                    frozen=jax.device_get(frozen), rollout=rollout, scores=scores)
 
 
 def _flat(tree: Any) -> dict[str, np.ndarray]:
@@ -156,54 +159,39 @@ def _to_host(tree: Any) -> Any:
   return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def _place(tree: Any, sharding_of: Callable[[str, Any], jax.sharding.Sharding]) -> Any:
-  """Global arrays of `tree`'s (identical on every process) values with the given shardings."""
-  def place(path, x):
+def _place(tree: Any, shardings: Any) -> Any:
+  """Global arrays of `tree`'s host values (identical on every process) with `shardings` (each
+  process fills only its own devices' shards)."""
+  def place(x, sharding):
     host = np.asarray(x)
-    sharding = sharding_of(jax.tree_util.keystr(path), host)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-  return jax.tree_util.tree_map_with_path(place, tree)
+  return jax.tree.map(place, tree, shardings)
 
 
-def run_update(
-    tiny: TinyUpdate,
-    *,
-    mesh: jax.sharding.Mesh | None = None,
-    batch_axes: Sequence[str] = ("data",),
-    param_sharding: Callable[[str, Any, jax.sharding.Mesh], jax.sharding.Sharding] | None = None,
-) -> UpdateResult:
+def run_update(tiny: TinyUpdate, *, mesh: jax.sharding.Mesh | None = None) -> UpdateResult:
   """One fused PPO update of `tiny.state` on its rollout and scores.
 
   Args:
     tiny: from `tiny_update`.
-    mesh: None: one device (the first local one). Otherwise a mesh over which rollout rows are
-      split along `batch_axes` and parameters placed by `param_sharding(path, array, mesh)`
-      (default: replicated).
-    batch_axes: mesh axes the batch dimension is split over.
-    param_sharding: per-leaf sharding of the train state and frozen arrays.
+    mesh: None: one device (the first local one). Otherwise a mesh of
+      `jax_ppo.parallel.make_mesh` (it may span several processes): the update is
+      `PPOSteps(mesh=mesh).experience_update`, its inputs placed by the same rules.
   """
-  from jax.sharding import NamedSharding, PartitionSpec
+  from jax_ppo.parallel import rules
 
-  steps, host_state, host_frozen = tiny.steps, tiny.state, tiny.frozen
-  rollout, scores = tiny.rollout, tiny.scores
+  steps = tiny.make_steps(mesh)
+  args = (tiny.state, tiny.frozen, tiny.rollout, tiny.scores)
   if mesh is None:
-    device = jax.local_devices()[0]
-    state, frozen = jax.device_put((host_state, host_frozen), device)
-    inputs = jax.device_put((rollout, scores), device)
+    state, frozen, *inputs = jax.device_put(args, jax.local_devices()[0])
     n = 1
   else:
-    replicated = NamedSharding(mesh, PartitionSpec())
-    rows = NamedSharding(mesh, PartitionSpec(tuple(batch_axes)))
-
-    def params_of(path, x):
-      if param_sharding is None or x.ndim == 0:
-        return replicated
-      return param_sharding(path, x, mesh)
-
-    state = _place(host_state, params_of)
-    frozen = _place(host_frozen, params_of)
-    inputs = _place((rollout, scores), lambda path, x: rows if x.ndim else replicated)
+    state, frozen, *inputs = (
+        _place(tiny.state, rules.param_shardings(tiny.state, mesh)),
+        _place(tiny.frozen, rules.param_shardings(tiny.frozen, mesh)),
+        _place(tiny.rollout, rules.batch_shardings(tiny.rollout, mesh)),
+        _place(tiny.scores, rules.batch_shardings(tiny.scores, mesh)),
+    )
     n = mesh.size
   compiled = steps.experience_update.lower(state, frozen, *inputs).compile()
   state, _, _, metrics = compiled(state, frozen, *inputs)
@@ -240,21 +228,20 @@ def free_port() -> int:
 
 def run_processes(num_processes: int = 2, devices_per_process: int = 4, *,
                   timeout: float = 120.0, size: dict[str, int] | None = None,
-                  mesh_shape: dict[str, int] | None = None) -> UpdateResult:
+                  mesh: str = "data=-1") -> UpdateResult:
   """The tiny update over `num_processes` local processes joined by `jax.distributed`.
 
   Args:
     num_processes, devices_per_process: the job's shape (fake CPU devices).
     timeout: seconds before the processes are killed (a `TimeoutError` with their output).
     size: `tiny_update` keyword arguments (default `DEFAULT_SIZE`).
-    mesh_shape: axis name -> size of the global mesh (default: one "data" axis over every
-      device; -1 takes the rest).
+    mesh: sizes of the global mesh's axes, "data=2,fsdp=2,tensor=2" (default: data parallel
+      over every device; -1 takes the rest).
 
   Returns:
     Process 0's `UpdateResult` (parameters gathered from every process).
   """
   size = {**DEFAULT_SIZE, **(size or {})}
-  mesh_shape = mesh_shape or {"data": -1}
   port = free_port()
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count="
@@ -270,8 +257,7 @@ def run_processes(num_processes: int = 2, devices_per_process: int = 4, *,
       logs.append(log)
       args = [sys.executable, "-m", "jax_ppo.parallel.selfcheck", "--coordinator",
               f"127.0.0.1:{port}", "--num-processes", str(num_processes), "--process-id",
-              str(i), "--out", str(out), "--mesh",
-              ",".join(f"{k}={v}" for k, v in mesh_shape.items()),
+              str(i), "--out", str(out), "--mesh", mesh,
               *[f"--{k.replace('_', '-')}={v}" for k, v in size.items()]]
       procs.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout
@@ -309,36 +295,22 @@ def _outputs(logs: list) -> str:
   return "\n".join(text)
 
 
-def parse_mesh(text: str) -> dict[str, int]:
-  """"data=2,fsdp=2,tensor=2" -> {"data": 2, "fsdp": 2, "tensor": 2} (-1: the rest)."""
-  shape = {}
+def parse_mesh(text: str) -> Any:
+  """"data=2,fsdp=2,tensor=2" -> `MeshConfig(data=2, fsdp=2, tensor=2)` (-1: the rest)."""
+  from jax_ppo.parallel.mesh import MeshConfig
+
+  sizes = {}
   for part in filter(None, text.split(",")):
     name, _, value = part.partition("=")
     try:
-      shape[name.strip()] = int(value)
+      sizes[name.strip()] = int(value)
     except ValueError:
       raise ValueError(f"Mesh axis {part!r} is not name=size (e.g. data=2,fsdp=-1).") from None
-  if not shape:
-    raise ValueError(f"Mesh {text!r} names no axis; use e.g. data=2,fsdp=2,tensor=2.")
-  return shape
-
-
-def make_mesh(shape: dict[str, int], devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
-  """A mesh of `devices` (default: all) with the named axis sizes (one -1 takes the rest)."""
-  devices = list(jax.devices() if devices is None else devices)
-  sizes = dict(shape)
-  rest = [k for k, v in sizes.items() if v == -1]
-  known = int(np.prod([v for v in sizes.values() if v != -1]))
-  if len(rest) > 1 or known < 1 or len(devices) % known:
-    raise ValueError(f"Mesh {shape} does not fit {len(devices)} devices.")
-  if rest:
-    sizes[rest[0]] = len(devices) // known
-  if int(np.prod(list(sizes.values()))) != len(devices):
-    raise ValueError(f"Mesh {sizes} has {int(np.prod(list(sizes.values())))} devices, but "
-                     f"{len(devices)} are available.")
-  auto = (jax.sharding.AxisType.Auto,) * len(sizes)  # XLA partitions (jax >= 0.9 defaults to
-  return jax.make_mesh(tuple(sizes.values()), tuple(sizes), devices=devices,  # Explicit)
-                       axis_types=auto)
+  unknown = set(sizes) - {"data", "fsdp", "tensor"}
+  if unknown or not sizes:
+    raise ValueError(f"Mesh {text!r}: give sizes of data, fsdp and tensor, e.g. "
+                     "data=2,fsdp=2,tensor=2.")
+  return MeshConfig(**{"data": 1, **sizes})
 
 
 def _worker(argv: Sequence[str] | None = None) -> None:
@@ -348,7 +320,7 @@ def _worker(argv: Sequence[str] | None = None) -> None:
   parser.add_argument("--num-processes", type=int, required=True)
   parser.add_argument("--process-id", type=int, required=True)
   parser.add_argument("--out", required=True)
-  parser.add_argument("--mesh", default="data=-1")
+  parser.add_argument("--mesh", default="data=-1")  # MeshConfig sizes
   for key in DEFAULT_SIZE:
     parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=DEFAULT_SIZE[key])
   args = parser.parse_args(argv)
@@ -359,9 +331,9 @@ def _worker(argv: Sequence[str] | None = None) -> None:
                                num_processes=args.num_processes, process_id=args.process_id,
                                initialization_timeout=60))
   tiny = tiny_update(**{k: getattr(args, k) for k in DEFAULT_SIZE})
-  shape = parse_mesh(args.mesh)
-  batch_axes = tuple(k for k in shape if k in ("data", "fsdp")) or (next(iter(shape)),)
-  result = run_update(tiny, mesh=make_mesh(shape), batch_axes=batch_axes)
+  from jax_ppo.parallel.mesh import make_mesh
+
+  result = run_update(tiny, mesh=make_mesh(parse_mesh(args.mesh)))
   if jax.process_index() == 0:
     np.savez(args.out, loss=result.loss, devices=result.devices,
              bytes_per_device=-1 if result.bytes_per_device is None else result.bytes_per_device,

@@ -31,5 +31,5 @@ def test_two_processes_match_one_device():
 
 def test_a_failing_process_is_reported():
   with pytest.raises(RuntimeError, match=r"(?s)A process failed \(exit codes.*--- process 1 ---"
-                                         r".*does not fit 2 devices"):
-    selfcheck.run_processes(2, 1, timeout=120, size=SIZE, mesh_shape={"data": 3})
+                                         r".*MeshConfig"):
+    selfcheck.run_processes(2, 1, timeout=120, size=SIZE, mesh="data=3")
