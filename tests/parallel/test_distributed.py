@@ -119,3 +119,27 @@ def test_other_processes_write_no_logs(tmp_path):
   with MetricsLogger(tmp_path / "run0", tensorboard=False) as log:  # process 0 (the default)
     log.log(1, {"a": 1.0})
   assert (tmp_path / "run0" / "metrics.jsonl").read_text().strip() == '{"step": 1, "a": 1.0}'
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "reward"])
+def test_the_cli_joins_before_training(monkeypatch, capsys, command):
+  """`jax-ppo train|sft|reward` hand the config's `distributed` to `initialize` first."""
+  from jax_ppo import cli
+  from jax_ppo.trainer import reward_run, run, sft_run
+
+  calls = []
+  monkeypatch.setattr(distributed, "initialize", lambda config: calls.append(("init", config)))
+  fake = {"run_training": (run, "run_training", lambda config: calls.append(("train",)) or []),
+          "sft": (sft_run, "run_sft", lambda config: calls.append(("train",)) or {}),
+          "reward": (reward_run, "run_reward", lambda config: calls.append(("train",)) or {})}
+  module, name, fn = fake["run_training" if command == "train" else command]
+  monkeypatch.setattr(module, name, fn)
+  given = {"train": ["policy_path=p", "prompts_path=q", "run_dir=r", "reward_function=length"],
+           "sft": ["model_path=m", "train_path=t.jsonl", "run_dir=r"],
+           "reward": ["model_path=m", "train_path=t.jsonl", "run_dir=r"]}[command]
+  argv = [command, *given, "distributed.coordinator_address=10.1.2.3:7777",
+          "distributed.num_processes=4", "distributed.process_id=2"]
+  assert cli.main(argv) == 0, capsys.readouterr().err
+  assert [c[0] for c in calls] == ["init", "train"]
+  assert calls[0][1] == DistributedConfig(coordinator_address="10.1.2.3:7777", num_processes=4,
+                                          process_id=2)
