@@ -1,21 +1,18 @@
 """Prompt datasets with a deterministic, resumable, shardable order (on Grain).
 
-The order is a Grain `MapDataset`: `range(len)`, shuffled per epoch with `seed` (Grain's index
-shuffle; each epoch a new permutation) and repeated without end. A `MapDataset` is a pure function
-from an element index to an element, so the order depends only on the seed and the position
-(batches consumed so far): every process of a multi-host run computes the same global order
-(docs/rlhf_details.md item 19), and a resumed run continues exactly where its checkpoint left
-off from the data position alone (the `data_position` the trainer stores with each checkpoint is
-the whole iterator state; nothing else needs saving).
+The order is a Grain `MapDataset`: `range(len)` repeated without end, element `k` mapped to the
+`k % len`-th entry of epoch `k // len`'s permutation, `default_rng([seed, epoch]).permutation`
+(a new permutation every epoch; `shuffle=False` keeps the given order). A `MapDataset` is a pure
+function from an element index to an element, so the order depends only on the seed and the
+position (batches consumed so far): every process of a multi-host run computes the same global
+order (docs/rlhf_details.md item 19), and a resumed run continues exactly where its checkpoint
+left off from the data position alone (the `data_position` the trainer stores with each
+checkpoint is the whole iterator state; nothing else needs saving).
 
 Multi-host: batch `p` of `B` prompts is the elements `[p * B, (p + 1) * B)` of that order; the
 process with shard index `i` of `n` (`shard=`, e.g. `grain.sharding.ShardByJaxProcess()`, see
 `jax_process_shard`) reads only its contiguous `B / n` of them, `[p * B + i * B / n, ...)`, so
 the processes' rows, concatenated in process order, are exactly the single-process batch.
-
-Changed with the move to Grain: the shuffled order is Grain's permutation, no longer NumPy's
-`default_rng([seed, epoch]).permutation` (a run resumed from a checkpoint written before the
-change continues at its data position in the new order); `shuffle=False` keeps the given order.
 """
 
 from __future__ import annotations
@@ -83,10 +80,16 @@ class PromptDataset:
     `k`-th prompt drawn)."""
     import grain
 
-    ds = grain.MapDataset.range(len(self))
-    if self.shuffle:
-      ds = ds.shuffle(seed=self.seed)  # before repeat: a new permutation every epoch
-    return ds.repeat(None)
+    n = len(self)
+    ds = grain.MapDataset.range(n).repeat(None)
+    if not self.shuffle:
+      return ds
+    permutation = functools.lru_cache(maxsize=2)(self._permutation)
+    return ds.map_with_index(lambda k, _: int(permutation(k // n)[k % n]))
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    """Epoch `epoch`'s order of the dataset indices."""
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self))
 
   def indices(self, position: int, batch_size: int, *, shard: Any = None) -> list[int]:
     """Dataset indices of batch number `position` (batches of `batch_size` prompts).

@@ -61,10 +61,12 @@ def test_order_depends_only_on_seed_and_position():
   assert ids == [[i + 1] for i in data.indices(2, 4)] and texts is None
 
 
-def test_order_is_grains_shuffle_repeated():
+def test_order_is_a_grain_dataset_of_per_epoch_permutations():
   data = PromptDataset([[i + 1] for i in range(7)], seed=11)
-  want = grain.MapDataset.range(7).shuffle(seed=11).repeat(None)
-  assert sum((data.indices(k, 3) for k in range(5)), []) == [want[i] for i in range(15)]
+  assert isinstance(data.order, grain.MapDataset)
+  want = [int(i) for e in range(3) for i in np.random.default_rng([11, e]).permutation(7)]
+  assert sum((data.indices(k, 3) for k in range(7)), []) == want
+  assert [data.order[k] for k in range(21)] == want
 
 
 @settings(max_examples=30, deadline=None)
