@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 
 from jax_ppo import core
 from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
@@ -424,6 +425,7 @@ class PPOSteps:
     micro = jax.tree.map(
         lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb
     )
+    micro = constrain_rows(micro, self.mesh, axis=1)
     weights = self._share(micro.response_mask)
     grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
@@ -463,7 +465,7 @@ class PPOSteps:
 
     def run_minibatch(carry, idx):
       state, stopped = carry
-      mb = jax.tree.map(lambda x: x[idx], batch)
+      mb = constrain_rows(jax.tree.map(lambda x: x[idx], batch), self.mesh)
 
       state, metrics = jax.lax.cond(
           stopped,
