@@ -2,8 +2,9 @@
 
 No weights are needed: `jax_ppo.parallel.memory.update_memory` compiles `PPOSteps.update` for
 abstract arrays carrying their shardings and reads the compiled program's memory analysis
-(parameters and optimizer state per device from its input shardings, activations from
-`temp_size_in_bytes`). Two layouts on the same devices: `data=N` (plain data parallelism, every
+(parameters and optimizer state per device from its input shardings; "temp" is
+`temp_size_in_bytes`, XLA's scratch while the update runs: activations, gradients and the
+optimizer's temporaries). Two layouts on the same devices: `data=N` (plain data parallelism, every
 device holds the whole model) and `fsdp=N` (parameters and Adam moments split N ways). The
 batch is split N ways in both, so activations differ only by what FSDP gathers.
 
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
 
   print(f"Per-device GiB of one PPO update ({args.devices} {results['platform']} devices, batch "
         f"{args.batch} x ({args.prompt} + {args.response}) tokens, fp32, AdamW, value head):")
-  header = ("model", "layout", "params", "reference", "optimizer", "activations", "arguments")
+  header = ("model", "layout", "params", "reference", "optimizer", "temp", "arguments")
   print(" | ".join(f"{h:>12}" for h in header))
   for name, layout, m in rows:
     print(" | ".join(f"{v:>12}" for v in (name, layout, gib(m["params"]), gib(m["reference"]),

@@ -7,9 +7,10 @@ and compiles it, and reads
 
 * the bytes of one device's shards of the trainable parameters, the reference parameters and
   the optimizer state, from the compiled program's input shardings (`Sharding.shard_shape`);
-* `compiled.memory_analysis()`: `argument_size_in_bytes` (everything passed in), and
-  `temp_size_in_bytes`, the scratch XLA allocates while the program runs: the activations
-  (and gradients) of the forward and backward passes.
+* `compiled.memory_analysis()`: `argument_size_in_bytes` (everything the program reads; the
+  reference is not among them, `update` does not use it), and `temp_size_in_bytes`, the
+  scratch XLA allocates while the program runs: activations of the forward and backward
+  passes, the gradients and the optimizer's temporaries (reported as `activations`).
 
 Nothing is allocated: the numbers are what the program would need per device.
 """
