@@ -10,7 +10,13 @@ Public API (everything a run needs; see each module for details):
 * `batch_shardings(tree, mesh)` / `shard_batch(tree, mesh)`: rows split over `data` x `fsdp`;
   `cache_shardings(cache, mesh)` for the KV cache;
 * `MeshJit(fn, mesh, in_roles=..., out_roles=...)`: the jit with explicit in/out shardings that
-  `PPOSteps(..., mesh=mesh)` and `Sampler(..., mesh=mesh)` use;
+  `PPOSteps(..., mesh=mesh)` and `Sampler(..., mesh=mesh)` use; it traces under
+  `rules.gather_layers(mesh)`, under which the decoder's layer loop gathers each layer's
+  FSDP-split weights (and does not keep them for the backward pass) and keeps activations split
+  on rows (`rules.gather_layer_weights`, `rules.remat_gathered`, `rules.constrain_activations`;
+  all identities without a mesh);
+* `memory.update_memory(model_config, ppo_config, mesh, prompt_length=...)`: per-device bytes
+  of one compiled update from abstract arrays (`experiments/benchmarks/sharding_memory.py`).
 * `DistributedConfig` and `distributed.initialize(config)`: multi-host runs through
   `jax.distributed` (`jax_ppo.parallel.distributed`); `selfcheck`: the same tiny PPO update on
   one device, a mesh and several processes (`experiments/scale_check.py`).

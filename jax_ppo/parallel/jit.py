@@ -12,7 +12,8 @@ the `jax.jit` on the first call for each argument structure, with
 and places the arguments with `jax.device_put` before the call (a no-op for arrays that already
 have their sharding), so host arrays and arrays of another layout are accepted. Donated
 arguments keep their layout across calls (the output role of a donated state is `"params"`),
-which is what lets XLA reuse their buffers.
+which is what lets XLA reuse their buffers. Programs are traced under `rules.gather_layers`,
+so the decoder gathers each layer's FSDP-split weights inside its layer loop.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class MeshJit:
 
   def _build(self, args):
     in_sh = tuple(shardings_for(r, a, self.mesh) for r, a in zip(self.in_roles, args, strict=True))
-    out = jax.eval_shape(self.fn, *args)
+    with rules.gather_layers(self.mesh):
+      out = jax.eval_shape(self.fn, *args)
     if isinstance(self.out_roles, str):
       out_sh = shardings_for(self.out_roles, out, self.mesh)
     else:
@@ -97,14 +99,38 @@ class MeshJit:
 
   def __call__(self, *args):
     jitted, in_sh = self._entry(args)
-    return jitted(*jax.device_put(args, in_sh))
+    with rules.gather_layers(self.mesh):  # traced on the first call of each shape
+      return jitted(*jax.device_put(args, in_sh))
 
   def lower(self, *args):
     """`jax.jit(...).lower` for these arguments (arrays or `ShapeDtypeStruct`s), e.g. to read
     `.compile().memory_analysis()` without running anything."""
     jitted, _ = self._entry(args)
-    return jitted.lower(*args)
+    with rules.gather_layers(self.mesh):
+      return jitted.lower(*args)
 
   def _cache_size(self) -> int:
     """Number of compiled programs (as `jax.jit`'s `_cache_size`)."""
     return sum(j._cache_size() for j, _ in self._jitted.values())
+
+
+def ppo_step_jits(experience: Callable, update: Callable, replay_update: Callable,
+                  experience_update: Callable, *, mesh: Mesh | None):
+  """The four compiled programs of `PPOSteps`: `jax.jit` without a mesh (the state donated
+  by the three updates), else `MeshJit`s: state and frozen parameters by the logical-axis
+  rules, rollouts, scores and batches split on rows over `data` x `fsdp`, metrics and the
+  scalar KL replicated; the returned state keeps the rules' shardings (and is donated)."""
+  if mesh is None:
+    return (jax.jit(experience), jax.jit(update, donate_argnums=(0,)),
+            jax.jit(replay_update, donate_argnums=(0,)),
+            jax.jit(experience_update, donate_argnums=(0,)))
+  step_in = ("params", "params", "batch")
+  updates = (MeshJit(fn, mesh, in_roles=(*step_in, "replicated"),
+                     out_roles=("params", "replicated"), donate_argnums=(0,))
+             for fn in (update, replay_update))
+  return (
+      MeshJit(experience, mesh, in_roles=(*step_in, "batch"), out_roles=("batch", "replicated")),
+      *updates,
+      MeshJit(experience_update, mesh, in_roles=(*step_in, "batch"),
+              out_roles=("params", "batch", "replicated", "replicated"), donate_argnums=(0,)),
+  )

@@ -27,10 +27,12 @@ replicated. A dimension that the mesh axis does not divide is replicated rather 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_ppo.parallel.mesh import BATCH_AXES
@@ -220,3 +222,108 @@ def cache_shardings(cache: Any, mesh: Mesh) -> Any:
 def constrain(tree: Any, shardings: Any) -> Any:
   """`jax.lax.with_sharding_constraint` of every leaf (inside jit)."""
   return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
+
+
+def constrain_rows(tree: Any, mesh: Mesh | None, *, axis: int = 0) -> Any:
+  """Inside jit: keeps dimension `axis` (rows) of every leaf split over the batch axes (no-op
+  without a mesh). A gather of rows by a replicated index (the minibatch shuffle) or a reshape
+  into microbatches would otherwise leave the partitioner free to replicate the rows, and every
+  device would then run the whole minibatch."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(
+      lambda x: jax.lax.with_sharding_constraint(
+          x, NamedSharding(mesh, batch_spec(x.shape, mesh, axis=axis))), tree)
+
+
+# -- FSDP: one layer's weights gathered inside the layer loop ---------------------------------
+
+_GATHER_MESH: list[Mesh] = []
+
+
+@contextlib.contextmanager
+def gather_layers(mesh: Mesh | None):
+  """While jit traces inside this block, the decoder's layer loop gathers each layer's weights
+  over `fsdp` before using them (`gather_layer_weights`); `MeshJit` traces under it.
+
+  Without the gather XLA may instead all-gather the *activations* of the whole batch to meet
+  an FSDP-split contraction dimension (every device then computes every row of the MLP), which
+  costs data parallelism and `L x B x S x F` activation memory.
+  """
+  if mesh is None:
+    yield
+    return
+  _GATHER_MESH.append(mesh)
+  try:
+    yield
+  finally:
+    _GATHER_MESH.pop()
+
+
+def gather_layer_weights(layer_state: Any) -> Any:
+  """Inside jit: one layer's parameters (no `[L]` axis) constrained to their rule sharding with
+  the `fsdp` axis removed (ZeRO-3's per-layer all-gather; `tensor` splits stay). Identity
+  outside `gather_layers` (no mesh), so single-device programs are unchanged."""
+  if not _GATHER_MESH:
+    return layer_state
+  mesh = _GATHER_MESH[-1]
+  if mesh.shape.get("fsdp", 1) == 1:
+    return layer_state
+
+  def one(path, x):
+    spec = partition_spec(path, x.shape, mesh)
+    kept = [None if a == "fsdp" else (tuple(b for b in a if b != "fsdp") or None)
+            if isinstance(a, tuple) else a for a in spec]
+    return _gather(x, NamedSharding(mesh, PartitionSpec(*kept)), NamedSharding(mesh, spec))
+
+  return jax.tree_util.tree_map_with_path(one, layer_state)
+
+
+#: `checkpoint_name` of the gathered layer weights: never saved for the backward pass.
+GATHERED = "fsdp_gathered_weights"
+
+
+def remat_gathered(step: Callable, *, prevent_cse: bool) -> Callable:
+  """The layer-loop body `step` under `jax.checkpoint` that saves every residual except the
+  gathered weights (`GATHERED`), which the backward pass gathers again: otherwise the forward
+  loop would stack every layer's gathered copy, the whole model on each device. Identity
+  outside `gather_layers` or without an `fsdp` axis (for bodies without other remat)."""
+  if not _GATHER_MESH or _GATHER_MESH[-1].shape.get("fsdp", 1) == 1:
+    return step
+  return jax.checkpoint(step, policy=_not_gathered, prevent_cse=prevent_cse)
+
+
+def _not_gathered(prim, *_, **params) -> bool:
+  """Remat policy: save every residual but sharding constraints and the gathered weights."""
+  if prim.name in ("sharding_constraint", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+    return False
+  return params.get("name") != GATHERED
+
+
+def _gather(x: jax.Array, gathered: NamedSharding, sharded: NamedSharding) -> jax.Array:
+  """`x` constrained to `gathered`; its cotangent constrained back to `sharded`, so that each
+  layer's weight gradient is reduce-scattered inside the backward layer loop instead of
+  accumulating unsplit `[L, ...]` gradients."""
+
+  @jax.custom_vjp
+  def gather(x):
+    return checkpoint_name(jax.lax.with_sharding_constraint(x, gathered), GATHERED)
+
+  def fwd(x):
+    return gather(x), None
+
+  def bwd(_, g):
+    return (jax.lax.with_sharding_constraint(g, sharded),)
+
+  gather.defvjp(fwd, bwd)
+  return gather(x)
+
+
+def constrain_activations(h: Any) -> Any:
+  """Inside jit under `gather_layers`: the residual stream `h` `[B, ...]` with its rows split
+  over the batch axes; identity otherwise. Keeps XLA from trading the FSDP weight gather for
+  a gather of the whole batch's activations (which the gradients' FSDP layout would favour)."""
+  if not _GATHER_MESH:
+    return h
+  mesh = _GATHER_MESH[-1]
+  return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, batch_spec(h.shape, mesh)))

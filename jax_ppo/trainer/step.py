@@ -40,7 +40,8 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jax_ppo import core
-from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.jit import ppo_step_jits
+from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
@@ -104,10 +105,8 @@ class PPOSteps:
     lora: the policy trains LoRA adapters; the reference is the base with adapters off.
     schedule: the learning-rate schedule (for the `lr` metric).
     optimizer: the optax transformation over `{"policy", "value"}`.
-    mesh: a device mesh (`jax_ppo.parallel.make_mesh`): the steps are then compiled with
-      explicit shardings (`jax_ppo.parallel.MeshJit`): state and frozen parameters by the
-      logical-axis rules, batches split on rows over `data` x `fsdp`, metrics replicated. None
-      (the default): plain `jax.jit`, placement left to the arguments.
+    mesh: a device mesh: the steps are compiled with explicit shardings
+      (`jax_ppo.parallel.jit.ppo_step_jits`); None: plain `jax.jit`.
   """
 
   def __init__(
@@ -136,26 +135,10 @@ class PPOSteps:
     self.schedule = schedule
     self.kl_controller = kl_controller(config)
     self.mesh = mesh
-    update = functools.partial(self._update, fresh=True)
-    replay_update = functools.partial(self._update, fresh=False)
-    if mesh is None:
-      self.experience = jax.jit(self._experience)
-      self.update = jax.jit(update, donate_argnums=(0,))
-      self.replay_update = jax.jit(replay_update, donate_argnums=(0,))
-      self.experience_update = jax.jit(self._experience_update, donate_argnums=(0,))
-    else:
-      step_in = ("params", "params", "batch")
-      self.experience = MeshJit(self._experience, mesh, in_roles=(*step_in, "batch"),
-                                out_roles=("batch", "replicated"))
-      self.update, self.replay_update = (
-          MeshJit(fn, mesh, in_roles=(*step_in, "replicated"),
-                  out_roles=("params", "replicated"), donate_argnums=(0,))
-          for fn in (update, replay_update)
-      )
-      self.experience_update = MeshJit(
-          self._experience_update, mesh, in_roles=(*step_in, "batch"),
-          out_roles=("params", "batch", "replicated", "replicated"), donate_argnums=(0,),
-      )
+    self.experience, self.update, self.replay_update, self.experience_update = ppo_step_jits(
+        self._experience, functools.partial(self._update, fresh=True),
+        functools.partial(self._update, fresh=False), self._experience_update, mesh=mesh,
+    )
 
   @property
   def fuses_first_epoch(self) -> bool:
@@ -424,6 +407,7 @@ class PPOSteps:
     micro = jax.tree.map(
         lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb
     )
+    micro = constrain_rows(micro, self.mesh, axis=1)
     weights = self._share(micro.response_mask)
     grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
@@ -463,7 +447,7 @@ class PPOSteps:
 
     def run_minibatch(carry, idx):
       state, stopped = carry
-      mb = jax.tree.map(lambda x: x[idx], batch)
+      mb = constrain_rows(jax.tree.map(lambda x: x[idx], batch), self.mesh)
 
       state, metrics = jax.lax.cond(
           stopped,

@@ -65,6 +65,7 @@ from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
+from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
@@ -241,7 +242,9 @@ class PPOTrainer(RunStage):
         perf.count_params(value_params) if value_params is not None else 0,
         perf.count_params(self.frozen.reward) if self.frozen.reward is not None else 0,
     )
-    self._eval_logprobs = jax.jit(self._eval_logprobs_impl)
+    self._eval_logprobs = jax.jit(self._eval_logprobs_impl) if mesh is None else MeshJit(
+        self._eval_logprobs_impl, mesh, in_roles=("params", "params", "batch"),
+        out_roles=("batch", "batch"))
     self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
     self.last_scores: np.ndarray | None = None

@@ -22,8 +22,15 @@ def device_env(devices: int) -> dict[str, str]:
   """The environment of a child process with `devices` fake CPU devices (repo on the path)."""
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
+           if not f.startswith(("--xla_force_host_platform_device_count",
+                                "--xla_cpu_collective"))]
+  # On a loaded CI machine the fake devices' threads can reach a collective far apart; XLA:CPU
+  # aborts the process after its default rendezvous timeout, so the tests allow 10 minutes.
+  env["XLA_FLAGS"] = " ".join([
+      *flags, f"--xla_force_host_platform_device_count={devices}",
+      "--xla_cpu_collective_timeout_seconds=600",
+      "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+  ])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
   return env
