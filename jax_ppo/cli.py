@@ -10,7 +10,9 @@
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.trainer.run`); `key=value` arguments override its
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
 command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a preemption)
-saves a checkpoint and exits 0 with a message saying so. Errors in the inputs are reported in
+saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
+multi-host job first when the config's `distributed` fields or the environment describe one
+(`jax_ppo.parallel.distributed`; tpu/README.md). Errors in the inputs are reported in
 one line naming the field and the fix (exit status 2).
 """
 
@@ -91,15 +93,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run_stage(command: str, argv: Sequence[str]) -> int:
   """`jax-ppo sft|reward`: trains (or resumes) the stage and prints its summary as JSON."""
+  from jax_ppo.parallel.distributed import initialize
+
   if command == "sft":
     from jax_ppo.trainer.sft_run import load_sft_config, run_sft
 
     config = load_sft_config(argv)
+    initialize(config.distributed)  # before any JAX computation
     summary = run_sft(config)
   else:
     from jax_ppo.trainer.reward_run import load_reward_config, run_reward
 
     config = load_reward_config(argv)
+    initialize(config.distributed)
     summary = run_reward(config)
   if summary.get("preempted"):
     again = " ".join(["jax-ppo", command, *map(shlex.quote, argv)])
@@ -136,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("sft", "reward"):
       return _run_stage(args.command, args.args)
     if args.command == "train":
+      from jax_ppo.parallel.distributed import initialize
+
       config = run.load_run_config(args.args)
+      initialize(config.distributed)  # joins a multi-host job before any JAX computation
       history = run.run_training(config)
       summary = {"run_dir": config.run_dir, "updates_run": len(history)}
       if history:

@@ -253,7 +253,8 @@ def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monke
     def run_training(config):
       raise error
     monkeypatch.setattr(run, "run_training", run_training)
-    monkeypatch.setattr(run, "load_run_config", lambda argv: SimpleNamespace(run_dir="r"))
+    monkeypatch.setattr(run, "load_run_config", lambda argv: SimpleNamespace(run_dir="r",
+                                                                             distributed=None))
 
   for error, line in [
       (ValueError("first\n  second"), "error: first second"),

@@ -1,14 +1,26 @@
-"""Prompt datasets with a deterministic, resumable order.
+"""Prompt datasets with a deterministic, resumable, shardable order (on Grain).
 
-The order of prompts depends only on the seed and the position (batches consumed so far), so
-every host of a multi-host run draws the same prompts (docs/rlhf_details.md item 19) and a resumed
-run continues exactly where the checkpoint left off.
+The order is a Grain `MapDataset`: `range(len)` repeated without end, element `k` mapped to the
+`k % len`-th entry of epoch `k // len`'s permutation, `default_rng([seed, epoch]).permutation`
+(a new permutation every epoch; `shuffle=False` keeps the given order). A `MapDataset` is a pure
+function from an element index to an element, so the order depends only on the seed and the
+position (batches consumed so far): every process of a multi-host run computes the same global
+order (docs/rlhf_details.md item 19), and a resumed run continues exactly where its checkpoint
+left off from the data position alone (the `data_position` the trainer stores with each
+checkpoint is the whole iterator state; nothing else needs saving).
+
+Multi-host: batch `p` of `B` prompts is the elements `[p * B, (p + 1) * B)` of that order; the
+process with shard index `i` of `n` (`shard=`, e.g. `grain.sharding.ShardByJaxProcess()`, see
+`jax_process_shard`) reads only its contiguous `B / n` of them, `[p * B + i * B / n, ...)`, so
+the processes' rows, concatenated in process order, are exactly the single-process batch.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +32,7 @@ class PromptDataset:
     prompts: token-id lists (one per prompt), each non-empty, ids ints >= 0 (a ValueError names
       the prompt and position otherwise).
     texts: optional prompt texts, for logging samples.
-    seed: shuffling seed.
+    seed: shuffling seed, an int in [0, 2**32).
     shuffle: shuffle within each epoch (False keeps the given order).
   """
 
@@ -50,35 +62,75 @@ class PromptDataset:
           shown = repr(token) if isinstance(token, str | bytes) else str(token)
           raise ValueError(f"Prompt {i} of the dataset has {shown} at position {j}; token ids "
                            "are ints >= 0.")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32:
+      raise ValueError(f"PromptDataset seed={seed!r} is invalid: use an int in [0, 2**32).")
     if texts is not None and len(texts) != len(prompts):
       raise ValueError(f"`texts` has {len(texts)} entries for {len(prompts)} prompts.")
     self.prompts = [list(map(int, p)) for p in prompts]
     self.texts = list(texts) if texts is not None else None
-    self.seed = seed
+    self.seed = int(seed)
     self.shuffle = shuffle
 
   def __len__(self) -> int:
     return len(self.prompts)
 
-  def _order(self, epoch: int) -> np.ndarray:
+  @functools.cached_property
+  def order(self) -> Any:
+    """The endless prompt order: a `grain.MapDataset` of dataset indices (element `k` is the
+    `k`-th prompt drawn)."""
+    import grain
+
+    n = len(self)
+    ds = grain.MapDataset.range(n).repeat(None)
     if not self.shuffle:
-      return np.arange(len(self))
+      return ds
+    permutation = functools.lru_cache(maxsize=2)(self._permutation)
+    return ds.map_with_index(lambda k, _: int(permutation(k // n)[k % n]))
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    """Epoch `epoch`'s order of the dataset indices."""
     return np.random.default_rng([self.seed, epoch]).permutation(len(self))
 
-  def indices(self, position: int, batch_size: int) -> list[int]:
-    """Dataset indices of batch number `position` (batches of `batch_size` prompts)."""
-    start = position * batch_size
-    orders: dict[int, np.ndarray] = {}
-    out = []
-    for k in range(start, start + batch_size):
-      epoch, i = divmod(k, len(self))
-      if epoch not in orders:
-        orders[epoch] = self._order(epoch)
-      out.append(int(orders[epoch][i]))
-    return out
+  def indices(self, position: int, batch_size: int, *, shard: Any = None) -> list[int]:
+    """Dataset indices of batch number `position` (batches of `batch_size` prompts).
 
-  def batch(self, position: int, batch_size: int) -> tuple[list[list[int]], list[str] | None]:
-    """`(prompt ids, prompt texts or None)` of batch number `position`."""
-    idx = self.indices(position, batch_size)
+    Args:
+      position: batches consumed so far (the trainer's data position).
+      batch_size: the global batch size `B`.
+      shard: None: the whole batch. Otherwise Grain `ShardOptions` (`shard_index`,
+        `shard_count`; e.g. `jax_process_shard()`): this shard's contiguous `B / shard_count`
+        rows of the batch (`B` must be a multiple of `shard_count`).
+    """
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:
+      raise ValueError(f"position={position!r} is invalid: use an int >= 0.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or (
+        batch_size < 1):
+      raise ValueError(f"batch_size={batch_size!r} is invalid: use an int >= 1.")
+    start, size = position * batch_size, batch_size
+    if shard is not None:
+      count, index = int(shard.shard_count), int(shard.shard_index)
+      if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard index {index} of {count} is invalid: use 0 <= index < count.")
+      if batch_size % count:
+        raise ValueError(f"batch_size={batch_size} is not a multiple of the {count} shards "
+                         "(processes); choose a batch size they divide.")
+      size = batch_size // count
+      start += index * size
+    order = self.order
+    return [int(order[k]) for k in range(start, start + size)]
+
+  def batch(self, position: int, batch_size: int, *,
+            shard: Any = None) -> tuple[list[list[int]], list[str] | None]:
+    """`(prompt ids, prompt texts or None)` of batch number `position` (this shard's rows with
+    `shard`, see `indices`)."""
+    idx = self.indices(position, batch_size, shard=shard)
     texts = [self.texts[i] for i in idx] if self.texts is not None else None
     return [self.prompts[i] for i in idx], texts
+
+
+def jax_process_shard() -> Any:
+  """This process's shard of every batch: Grain's `ShardByJaxProcess` (shard index
+  `jax.process_index()`, count `jax.process_count()`)."""
+  import grain
+
+  return grain.sharding.ShardByJaxProcess(drop_remainder=True)

@@ -18,6 +18,9 @@ Resuming: files are appended to. `truncate_after_step=N` first drops records wit
 from both JSONL files (and purges TensorBoard events after N), so resuming from the checkpoint of
 step N does not duplicate steps. A line cut short by a crash is always dropped.
 
+Multi-host: only process 0 writes (`write=None`, the default, means `jax.process_index() == 0`);
+on the other processes `log` and `log_samples` do nothing and no file is opened or truncated.
+
 Do not pass arrays whose buffers a later jitted call donates: the writer thread reads them after
 `log` returns.
 """
@@ -80,6 +83,7 @@ class MetricsLogger:
       progress_keys: Mapping[str, Sequence[str]] = DEFAULT_PROGRESS_KEYS,
       truncate_after_step: int | None = None,
       max_text_samples: int = 8,
+      write: bool | None = None,
   ):
     """Opens (or resumes) the run folder and starts the writer thread.
 
@@ -95,22 +99,29 @@ class MetricsLogger:
       progress_keys: bar label -> metric names, the first one present is shown.
       truncate_after_step: drop records with `step` greater than this from existing files.
       max_text_samples: samples per `log_samples` call shown as TensorBoard text.
+      write: whether this process writes anything; None: only process 0 of a multi-host job.
     """
     self.log_dir = pathlib.Path(log_dir)
-    self.log_dir.mkdir(parents=True, exist_ok=True)
     self.metrics_path = self.log_dir / METRICS_FILE
     self.samples_path = self.log_dir / SAMPLES_FILE
     self._progress_keys = {k: tuple(v) for k, v in progress_keys.items()}
     self._max_text_samples = max_text_samples
     self._error: BaseException | None = None
     self._closed = False
-
+    self.writes = jax.process_index() == 0 if write is None else bool(write)
+    self._metrics_file = self._samples_file = self._tb = self._wandb_run = self._bar = None
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._work, name="MetricsLogger", daemon=True)
+    if not self.writes:  # another process of a multi-host job: process 0 writes
+      self._thread.start()
+      atexit.register(self._close_at_exit)
+      return
+    self.log_dir.mkdir(parents=True, exist_ok=True)
     for path in (self.metrics_path, self.samples_path):
       _prepare_jsonl(path, truncate_after_step)
     self._metrics_file = open(self.metrics_path, "a", encoding="utf-8")
     self._samples_file = open(self.samples_path, "a", encoding="utf-8")
 
-    self._tb = None
     if tensorboard:
       import tensorboardX
 
@@ -119,11 +130,9 @@ class MetricsLogger:
           logdir=str(self.log_dir / TENSORBOARD_DIR), purge_step=purge, flush_secs=30
       )
 
-    self._wandb_run = None
     if wandb:
       self._wandb_run = _start_wandb(self.log_dir, config, dict(wandb_init or {}))
 
-    self._bar = None
     if progress:
       import tqdm
 
@@ -131,8 +140,6 @@ class MetricsLogger:
         initial_step = 0 if truncate_after_step is None else truncate_after_step + 1
       self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, desc="train", unit="step")
 
-    self._queue: queue.Queue = queue.Queue()
-    self._thread = threading.Thread(target=self._work, name="MetricsLogger", daemon=True)
     self._thread.start()
     atexit.register(self._close_at_exit)
 
@@ -146,6 +153,8 @@ class MetricsLogger:
       metrics: metric name -> scalar or array (JAX, NumPy, Python numbers, strings).
     """
     self._check_open()
+    if not self.writes:
+      return
     items = {}
     for key, value in metrics.items():
       if not isinstance(key, str):
@@ -172,6 +181,8 @@ class MetricsLogger:
       stage: e.g. "train" or "eval".
     """
     self._check_open()
+    if not self.writes:
+      return
     prompts, responses = list(prompts), list(responses)
     if len(prompts) != len(responses):
       raise ValueError(
@@ -202,8 +213,9 @@ class MetricsLogger:
     atexit.unregister(self._close_at_exit)
     self._queue.put(_STOP)
     self._thread.join()
-    self._metrics_file.close()
-    self._samples_file.close()
+    for file in (self._metrics_file, self._samples_file):
+      if file is not None:
+        file.close()
     if self._tb is not None:
       self._tb.close()
     if self._wandb_run is not None:
@@ -300,8 +312,9 @@ class MetricsLogger:
       bar.set_postfix_str(" ".join(shown), refresh=False)
 
   def _flush_outputs(self) -> None:
-    self._metrics_file.flush()
-    self._samples_file.flush()
+    for file in (self._metrics_file, self._samples_file):
+      if file is not None:
+        file.flush()
     if self._tb is not None:
       self._tb.flush()
     if self._bar is not None:

@@ -233,10 +233,13 @@ def _np_dtype(dtype) -> np.dtype:
   return np.dtype(jnp.dtype(dtype))
 
 
-def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, head: str):
+def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, head: str,
+                mesh=None):
   """Fills the abstract (`jax.ShapeDtypeStruct`) parameters of `model_abstract` from `path`.
 
-  Parameters that are already concrete arrays are kept (e.g. a freshly initialised head).
+  Parameters that are already concrete arrays are kept (e.g. a freshly initialised head). With
+  a `mesh`, every parameter is read slice by slice straight into its shards
+  (`jax_ppo.parallel.loading.read_sharded`).
 
   Raises:
     ModelFileError: naming the missing and unexpected tensors, the tensor whose shape differs
@@ -267,7 +270,11 @@ def load_params(model_abstract: nnx.Module, path: str, config: ModelConfig, *, h
   uncovered = [p for p in abstract_paths if p not in covered]
   if uncovered:
     raise ModelFileError(f"No tensor of checkpoint {path!r} fills parameters {uncovered}.")
+  if mesh is not None:
+    from jax_ppo.parallel.loading import read_sharded
 
+    flat = read_sharded(flat, path, index, specs, mesh, model_type=config.model_type)
+    specs = []
   for spec in specs:
     slot_shapes = [flat[p].shape if spec.layer is None else flat[p].shape[1:] for p in spec.paths]
     tensor = _read_tensor(os.path.join(path, index[spec.name]), spec.name)
@@ -371,6 +378,7 @@ def from_pretrained(
     param_dtype=None,
     remat: str = "none",
     scan_layers: bool = True,
+    mesh=None,
 ) -> CausalLM:
   """Loads a local Hugging Face causal-LM checkpoint folder as a `CausalLM`.
 
@@ -382,6 +390,9 @@ def from_pretrained(
       while loading (e.g. a bf16 checkpoint into float32 master weights).
     remat: rematerialisation policy (`"none"`, `"layer"`, `"dots"`, `"dots_all"`).
     scan_layers: `jax.lax.scan` over the stacked layers (True) or an unrolled loop.
+    mesh: a `jax.sharding.Mesh` (`jax_ppo.parallel.make_mesh`): each parameter is created with
+      its `NamedSharding` (`jax_ppo.parallel.param_shardings`) and each device's shard is read
+      from the safetensors file slice by slice, so no host holds a full copy of the model.
 
   Returns:
     `model`, with `model(input_ids, attention_mask=mask)` -> logits `[B, S, V]`.
@@ -398,7 +409,7 @@ def from_pretrained(
       lambda: CausalLM(config, dtype=dtype, param_dtype=param_dtype, remat=remat,
                        scan_layers=scan_layers, rngs=nnx.Rngs(0))
   )
-  return load_params(abstract, path, config, head="lm")
+  return load_params(abstract, path, config, head="lm", mesh=mesh)
 
 
 def load_scalar_model(
@@ -410,6 +421,7 @@ def load_scalar_model(
     param_dtype=None,
     remat: str = "none",
     scan_layers: bool = True,
+    mesh=None,
 ) -> ScalarModel:
   """Loads a reward or value model from a local checkpoint folder.
 
@@ -423,7 +435,7 @@ def load_scalar_model(
     head_init: force a new head even when the checkpoint has `score.weight`
       (which is then ignored); None uses the checkpoint's head when present.
     seed: seed of a new head.
-    dtype, param_dtype, remat, scan_layers: as in `from_pretrained`.
+    dtype, param_dtype, remat, scan_layers, mesh: as in `from_pretrained`.
   """
   config = load_config(path)
   dtype, param_dtype = _dtypes(dtype, param_dtype)
@@ -447,12 +459,12 @@ def load_scalar_model(
           f"{bias!r}; fix or remove the key (it is the reward head's bias)."
       )
     abstract.score_head.bias = nnx.Param(jnp.full((1,), bias, param_dtype))
-    return load_params(abstract, path, config, head="score")
+    return load_params(abstract, path, config, head="score", mesh=mesh)
   abstract.score_head = ScalarHead(
       config.hidden_size, init=head_init or "reward", param_dtype=param_dtype,
       rngs=nnx.Rngs(seed),
   )
-  return load_params(abstract, path, config, head="none")
+  return load_params(abstract, path, config, head="none", mesh=mesh)
 
 
 def _tensor_shape(path: str, index: dict[str, str], name: str) -> tuple[int, ...]:

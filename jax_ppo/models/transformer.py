@@ -36,6 +36,7 @@ from jax_ppo.models.layers import (
 )
 from jax_ppo.models.packing import restrict_to_segments
 from jax_ppo.models.tokenizer import check_token_ids
+from jax_ppo.parallel.rules import constrain_activations, gather_layer_weights, remat_gathered
 
 Array = jax.Array
 
@@ -222,12 +223,15 @@ class Decoder(nnx.Module):
 
     def step(carry, x):
       layer_state, i, window = x
+      layer_state = gather_layer_weights(layer_state)  # FSDP under a mesh, else identity
       return body(carry, nnx.merge(graphdef, layer_state), i, window)
 
     if self.remat != "none":
       step = jax.checkpoint(
           step, policy=remat_policy(self.remat), prevent_cse=not self.scan_layers
       )
+    else:  # FSDP under a mesh: the gathered weights are not kept for the backward pass
+      step = remat_gathered(step, prevent_cse=not self.scan_layers)
     xs = (state, jnp.arange(n, dtype=jnp.int32), self._windows())
     if self.scan_layers:
       return jax.lax.scan(step, carry, xs)
@@ -290,6 +294,7 @@ class Decoder(nnx.Module):
 
     def body(h, layer: Block, i, window):
       del i
+      h = constrain_activations(h)  # rows split over the mesh's batch axes (identity without)
       q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
       mask = base_mask if window is None else base_mask & (distance < window)
       out = attention(q, k, v, mask, scale=self.config.query_scale,

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import Mesh
 
 from jax_ppo.core import (
     position_ids_from_mask,
@@ -33,6 +34,8 @@ from jax_ppo.core import (
 )
 from jax_ppo.models.errors import VocabularyError
 from jax_ppo.rollout import token_logprobs
+from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -132,6 +135,7 @@ def generate(
     *,
     config: SamplingConfig,
     cache_dtype=None,
+    mesh: Mesh | None = None,
 ) -> Rollout:
   """Samples `config.n_samples` responses per prompt in one compiled program.
 
@@ -144,6 +148,9 @@ def generate(
     rng: PRNG key; step `t` samples with `fold_in(rng, t)`.
     config: static sampling configuration.
     cache_dtype: KV-cache dtype (default: the model's compute dtype).
+    mesh: a device mesh: the KV cache is then constrained to `jax_ppo.parallel.cache_shardings`
+      (rows over `data` x `fsdp`, key/value heads over `tensor`) after prefill and after the
+      per-sample repeat. None: no constraint.
 
   Returns:
     A `Rollout` of `P * n_samples` rows and `T = config.max_new_tokens` response steps.
@@ -174,6 +181,8 @@ def generate(
         slot_positions=repeat(cache.slot_positions),
         positions=repeat(cache.positions),
     )
+  if mesh is not None:
+    cache = constrain(cache, cache_shardings(cache, mesh))
 
   def emit(step, logits, done, tokens, logprobs):
     """Samples step `step` from `logits` [B, V] for unfinished rows and records it."""
@@ -328,6 +337,10 @@ class Sampler:
     memory_budget_bytes: when set, micro-batches are chosen by `choose_micro_batch`;
       otherwise every prompt is processed in one call (padded to a batch bucket).
     cache_dtype: KV-cache dtype (default: the model's compute dtype).
+    mesh: a device mesh: `generate` is then compiled with explicit shardings
+      (`jax_ppo.parallel.MeshJit`): the state by the logical-axis rules, prompts and the rollout
+      split on rows over `data` x `fsdp` (when the rows divide), the key replicated; the KV cache
+      inside follows `cache_shardings`. None: plain `jax.jit`.
 
   Example::
 
@@ -346,6 +359,7 @@ class Sampler:
       *,
       memory_budget_bytes: int | None = None,
       cache_dtype=None,
+      mesh: Mesh | None = None,
   ):
     vocab = model.config.vocab_size
     for field, ids in (("pad_token_id", (config.pad_token_id,)),
@@ -364,9 +378,18 @@ class Sampler:
     self.config = config
     self.memory_budget_bytes = memory_budget_bytes
     self.cache_dtype = cache_dtype
-    self._generate = jax.jit(
-        functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype)
-    )
+    self.mesh = mesh
+    if mesh is None:
+      self._generate = jax.jit(
+          functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype)
+      )
+    else:
+      self.state = shard_params(self.state, mesh)
+      self._generate = MeshJit(
+          functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype,
+                            mesh=mesh),
+          mesh, in_roles=("params", "batch", "batch", "replicated"), out_roles="batch",
+      )
 
   def update_state(self, state: nnx.State) -> None:
     """Uses new parameters (same structure and shapes) without recompiling."""

@@ -14,7 +14,9 @@ A trainer (a `Stage`: PPO today; SFT and reward-model training share it) owns it
   phases, is abandoned before it changes any state), a checkpoint is written, and `train()`
   returns a `TrainingHistory` whose `preempted` names the signal. Further signals while the
   checkpoint is being written are ignored (Orbax commits a step atomically anyway). The previous
-  handlers are restored when `train()` returns;
+  handlers are restored when `train()` returns. With several processes (multi-host) JAX's
+  preemption service catches SIGTERM instead and every process stops at the same step
+  (`jax_ppo.parallel.distributed.preemption_notice`); only process 0 writes logs and plots;
 * non-finite updates: a stage reports optimizer steps it skipped in its `skipped_updates`
   metric; after `max_consecutive_skips` consecutive steps with skips the run stops with
   `NonFiniteUpdates`, naming likely causes and the last checkpoint before the skips began.
@@ -42,6 +44,7 @@ import jax.numpy as jnp
 from jax_ppo.checkpoint import CheckpointCorrupt, CheckpointError, RunCheckpointer, check_config
 from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.logging import MetricsLogger
+from jax_ppo.parallel.distributed import is_main_process, multi_process, preemption_notice
 from jax_ppo.trainer.monitor import MonitorConfig, StabilityMonitor
 
 logger = logging.getLogger("jax_ppo.trainer")
@@ -335,12 +338,13 @@ class RunLoop:
       raise
     self.checkpointer = checkpointer
     self.run_dir = run_dir
-    save_config(self.run_config, run_dir)
+    if is_main_process():
+      save_config(self.run_config, run_dir)
     self.logger = MetricsLogger(
         run_dir, tensorboard=opts.tensorboard, progress=False, truncate_after_step=start,
         wandb=opts.wandb, wandb_init=opts.wandb_init, config=config_to_dict(self.run_config),
     )
-    if opts.progress:
+    if opts.progress and is_main_process():
       import tqdm
 
       self.bar = tqdm.tqdm(total=self.total_steps, initial=start, desc=self.progress_desc,
@@ -506,7 +510,8 @@ class RunLoop:
   def _preemption_handlers(self) -> Iterator[None]:
     """Catches SIGTERM/SIGINT (main thread, run folder only); restores the old handlers."""
     self._signal, self._signals_seen = None, 0
-    if self.checkpointer is None or threading.current_thread() is not threading.main_thread():
+    if (self.checkpointer is None or threading.current_thread() is not threading.main_thread()
+        or multi_process()):  # (several processes: JAX's preemption service has SIGTERM)
       yield
       return
     previous = {s: signal.signal(s, self._on_signal) for s in PREEMPTION_SIGNALS}
@@ -530,6 +535,9 @@ class RunLoop:
     metrics: dict[str, float] = {}
     with self._preemption_handlers():
       while self.stage.step_count < target and not self.stop_requested:
+        if self.checkpointer is not None and (notice := preemption_notice(self.stage.step_count)):
+          self._signal = notice  # every process stops at this same step
+          break
         try:
           metrics = self.stage.step()
         except StepAbandoned:
@@ -545,7 +553,7 @@ class RunLoop:
           self.save(self.stage.step_count, metrics, force=True)
         self.checkpointer.wait()
         self.logger.flush()
-        if self.options.plots:
+        if self.options.plots and is_main_process():
           self._write_plots()
       if self.stop_requested:
         history.preempted = signal.Signals(self._signal).name

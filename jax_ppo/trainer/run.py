@@ -39,24 +39,25 @@ from jax_ppo.models import (
     set_remat,
     value_model_from_reward_model,
 )
+from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.presets import check_against_guide
 from jax_ppo.trainer.reward_specs import (
-    MODULE_REWARD,
-    REWARD_FUNCTIONS,
-    RewardSource,
-    import_reward_function,
-    parse_reward_function,
-    reward_function,
-    reward_source_names,
+  MODULE_REWARD,
+  REWARD_FUNCTIONS,
+  RewardSource,
+  import_reward_function,
+  parse_reward_function,
+  reward_function,
+  reward_source_names,
 )
 from jax_ppo.trainer.rewards import CombinedScorer, RewardModelScorer
 from jax_ppo.trainer.run_config import (  # noqa: F401  (re-exported: the run API in one place)
-    DTYPES,
-    OPERATIONAL_FIELDS,
-    RunConfig,
-    load_run_config,
-    saved_run_config,
+  DTYPES,
+  OPERATIONAL_FIELDS,
+  RunConfig,
+  load_run_config,
+  saved_run_config,
 )
 from jax_ppo.trainer.trainer import PPOTrainer
 
@@ -140,9 +141,10 @@ def grow_vocab(model: Any, num_tokens: int, *, resize: bool, what: str) -> None:
 
 
 def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
-                         dtype: Any) -> tuple[Any, RewardModelScorer]:
-  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer."""
-  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32)
+                         dtype: Any, mesh: Any = None) -> tuple[Any, RewardModelScorer]:
+  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer;
+  with a `mesh` its weights are read straight into their shards."""
+  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32, mesh=mesh)
   # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
   reward_tokenizer = (load_tokenizer(path, add_pad_token=config.resize_embeddings,
                                      require_pad=False)
@@ -172,6 +174,7 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
+  mesh = None if config.mesh is None else make_mesh(config.mesh)
   policy_eos = load_config(config.policy_path).eos_token_ids
   # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
   tokenizer = load_tokenizer(
@@ -179,7 +182,7 @@ def build_trainer(
       extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
   )
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
-                           remat=config.remat)
+                           remat=config.remat, mesh=mesh)
   grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
@@ -200,7 +203,8 @@ def build_trainer(
   value_model = None
   first_model = None  # (reward model, scorer) of the first reward model: the critic's start
   if config.reward_model_path is not None:
-    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype)
+    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype,
+                                       mesh)
     scorer = first_model[1]
   elif config.reward_function is not None:
     scorer = reward_function(config.reward_function, tokenizer)
@@ -209,7 +213,7 @@ def build_trainer(
     for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
       if source.model_path is not None:
         _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
-        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype)
+        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype, mesh)
         first_model = first_model or pair
         sub = pair[1]
       else:
@@ -226,7 +230,7 @@ def build_trainer(
   if config.value_model_path is not None:
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
-                                      param_dtype=jnp.float32)
+                                      param_dtype=jnp.float32, mesh=mesh)
       grow_vocab(value_model, len(tokenizer), resize=config.resize_embeddings, what="value model")
       check_vocab_covers(tokenizer, value_model.config)
     else:
@@ -240,7 +244,7 @@ def build_trainer(
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
-      run_config=config,
+      run_config=config, mesh=mesh,
   )
 
 

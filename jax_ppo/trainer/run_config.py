@@ -23,6 +23,8 @@ from jax_ppo.config_io import (
     read_config_file,
 )
 from jax_ppo.models import REMAT_POLICIES, LoRAConfig
+from jax_ppo.parallel.distributed import DistributedConfig
+from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.monitor import MonitorConfig
 from jax_ppo.trainer.presets import PRESETS, preset_overrides
@@ -41,7 +43,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
     "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
-    "rollback_lr_factor", "max_rollbacks", "monitor", "remat",
+    "rollback_lr_factor", "max_rollbacks", "monitor", "remat", "mesh", "distributed",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
@@ -132,6 +134,15 @@ class RunConfig:
   """Stop the run when it collapses again after this many rollbacks."""
   monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
   """Thresholds of the stability monitor."""
+  mesh: MeshConfig | None = None
+  """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), e.g.
+  `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices; None: one device.
+  A run may resume on another mesh (checkpoints restore into the new shardings)."""
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+  """Multi-host set-up (`jax_ppo.parallel.distributed`): "auto" joins a multi-process job when
+  the environment or `distributed.coordinator_address` describes one (e.g.
+  `distributed.coordinator_address=10.0.0.2:12355 distributed.num_processes=2
+  distributed.process_id=1`); a single process otherwise."""
 
   def __post_init__(self):
     def bad(field: str, fix: str):

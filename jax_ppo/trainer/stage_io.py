@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig
+from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.trainer.loop import RunOptions
 
 T = TypeVar("T")
@@ -31,7 +32,7 @@ RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of `run.DTYPES`
 
 STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
-                            "tensorboard", "progress")
+                            "tensorboard", "progress", "distributed")
 """Stage-config fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
 
@@ -70,6 +71,8 @@ class StageRunConfig:
   """Write TensorBoard events."""
   progress: bool = True
   """Show a progress bar."""
+  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+  """Multi-host set-up, as `RunConfig.distributed` (`jax_ppo.parallel.distributed`)."""
 
   def __post_init__(self):
     name = type(self).__name__

@@ -37,8 +37,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
+from jax.sharding import Mesh
 
 from jax_ppo import core
+from jax_ppo.parallel.jit import ppo_step_jits
+from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.trainer.config import PPOConfig
@@ -103,6 +106,8 @@ class PPOSteps:
     lora: the policy trains LoRA adapters; the reference is the base with adapters off.
     schedule: the learning-rate schedule (for the `lr` metric).
     optimizer: the optax transformation over `{"policy", "value"}`.
+    mesh: a device mesh: the steps are compiled with explicit shardings
+      (`jax_ppo.parallel.jit.ppo_step_jits`); None: plain `jax.jit`.
 
   Attributes:
     logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass (default
@@ -122,6 +127,7 @@ class PPOSteps:
       lora: bool,
       optimizer: optax.GradientTransformation,
       schedule: optax.Schedule,
+      mesh: Mesh | None = None,
   ):
     if config.uses_critic and value_graphdef is None and not shared_value_head:
       raise ValueError(
@@ -136,12 +142,11 @@ class PPOSteps:
     self.optimizer = optimizer
     self.schedule = schedule
     self.kl_controller = kl_controller(config)
-    self.experience = jax.jit(self._experience)
-    self.update = jax.jit(functools.partial(self._update, fresh=True), donate_argnums=(0,))
-    self.replay_update = jax.jit(
-        functools.partial(self._update, fresh=False), donate_argnums=(0,)
+    self.mesh = mesh
+    self.experience, self.update, self.replay_update, self.experience_update = ppo_step_jits(
+        self._experience, functools.partial(self._update, fresh=True),
+        functools.partial(self._update, fresh=False), self._experience_update, mesh=mesh,
     )
-    self.experience_update = jax.jit(self._experience_update, donate_argnums=(0,))
 
   @property
   def fuses_first_epoch(self) -> bool:
@@ -414,6 +419,7 @@ class PPOSteps:
     micro = jax.tree.map(
         lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb
     )
+    micro = constrain_rows(micro, self.mesh, axis=1)
     weights = self._share(micro.response_mask)
     grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
 
@@ -453,7 +459,7 @@ class PPOSteps:
 
     def run_minibatch(carry, idx):
       state, stopped = carry
-      mb = jax.tree.map(lambda x: x[idx], batch)
+      mb = constrain_rows(jax.tree.map(lambda x: x[idx], batch), self.mesh)
 
       state, metrics = jax.lax.cond(
           stopped,

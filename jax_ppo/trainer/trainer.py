@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.data.prompts import PromptDataset
@@ -64,6 +65,8 @@ from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
+from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
 from jax_ppo.trainer import perf
@@ -142,6 +145,12 @@ class PPOTrainer(RunStage):
     run_config: the dataclass written to `run_dir/config.yaml` and stored with every checkpoint
       (default: `config`); resuming under a different one raises `CheckpointConfigMismatch`
       naming the differing fields (except `run_options.resume_ignore`).
+    mesh: a device mesh (`jax_ppo.parallel.make_mesh`): the policy, its reference, the critic,
+      the reward model and the optimizer state are placed on it by the logical-axis rules
+      (`jax_ppo.parallel.shard_params`; one mesh shared by every role, a LoRA policy's reference
+      being its own base weights), and the steps and the sampler are compiled with explicit
+      shardings. Checkpoints restore into these shardings whatever mesh wrote them. None: one
+      device, as without the argument.
 
   Call `close()` (or use the trainer as a context manager) to flush the logs and wait for the
   last checkpoint.
@@ -161,8 +170,10 @@ class PPOTrainer(RunStage):
       run_dir: str | os.PathLike | None = None,
       run_options: RunOptions | None = None,
       run_config: Any = None,
+      mesh: Mesh | None = None,
   ):
     self.config = c = config
+    self.mesh = mesh
     self.dataset = prompts
     self.tokenizer = tokenizer
     self.scorer = _as_scorer(reward, tokenizer)
@@ -188,6 +199,10 @@ class PPOTrainer(RunStage):
         value_rest=value_rest,
         reward=getattr(self.scorer, "state", None),
     )
+    if mesh is not None:
+      self.frozen = shard_params(self.frozen, mesh)
+      if self.frozen.reward is not None:
+        self.scorer.state = self.frozen.reward
     self.optimizer, self.schedule = make_optimizer(c)
     self.steps = PPOSteps(
         c,
@@ -197,6 +212,7 @@ class PPOTrainer(RunStage):
         lora=self.lora,
         optimizer=self.optimizer,
         schedule=self.schedule,
+        mesh=mesh,
     )
     state = init_train_state(
         c, self.optimizer, policy=policy_params, value=value_params,
@@ -204,14 +220,18 @@ class PPOTrainer(RunStage):
     )
     # Committed to its devices, as a restored checkpoint is, so that resuming or rolling back
     # hands the jitted steps the same argument signature (no recompilation).
-    self.state: TrainState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    if mesh is None:
+      self.state: TrainState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    else:
+      self.state = shard_params(state, mesh)
     self.sampling = SamplingConfig(
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
         top_p=c.top_p, stop_token_ids=tuple(c.stop_token_ids), pad_token_id=c.pad_token_id,
         n_samples=c.n_samples, batch_buckets=(c.prompts_per_update,),
     )
     with layer_loop(policy, c.rollout_scan_layers):
-      self.sampler = Sampler(policy, self.sampling, memory_budget_bytes=memory_budget_bytes)
+      self.sampler = Sampler(policy, self.sampling, memory_budget_bytes=memory_budget_bytes,
+                             mesh=mesh)
     self._rollout_key = jax.random.PRNGKey(c.seed + 1)
     self.replay: collections.deque[Batch] = collections.deque(maxlen=c.replay_buffer_size or 1)
     self._replay_rng = np.random.default_rng(c.seed + 2)
@@ -222,7 +242,9 @@ class PPOTrainer(RunStage):
         perf.count_params(value_params) if value_params is not None else 0,
         perf.count_params(self.frozen.reward) if self.frozen.reward is not None else 0,
     )
-    self._eval_logprobs = jax.jit(self._eval_logprobs_impl)
+    self._eval_logprobs = jax.jit(self._eval_logprobs_impl) if mesh is None else MeshJit(
+        self._eval_logprobs_impl, mesh, in_roles=("params", "params", "batch"),
+        out_roles=("batch", "batch"))
     self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
     self.last_scores: np.ndarray | None = None
@@ -474,7 +496,8 @@ class PPOTrainer(RunStage):
           pad_token_id=self.config.pad_token_id,
       )
       with layer_loop(self.policy_model(), self.config.rollout_scan_layers) as model:
-        sampler = self._eval_samplers[(greedy, temperature)] = Sampler(model, sampling)
+        sampler = self._eval_samplers[(greedy, temperature)] = Sampler(model, sampling,
+                                                                       mesh=self.mesh)
     key = jax.random.PRNGKey(seed)
     scores, lengths, kls, logprob_sums, samples = [], [], [], [], []
     for i, start in enumerate(range(0, len(prompts), chunk_size)):

@@ -1,13 +1,19 @@
 """Tests of jax_ppo.data.prompts: bad prompts are refused at construction (naming the prompt and
-the position), and the order is a pure function of the seed and the position (resumable, the same
-on every host)."""
+the position), the order is a pure function of the seed and the position (resumable, the same
+on every host), and each process's shard of a batch is its contiguous part of the global batch."""
 
 from __future__ import annotations
 
+import types
+
+import grain
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jax_ppo.data import PromptDataset
+from jax_ppo.data.prompts import jax_process_shard
 
 
 @pytest.mark.parametrize(
@@ -53,3 +59,49 @@ def test_order_depends_only_on_seed_and_position():
   assert ordered.indices(1, 4) == [4, 5, 6, 7] and ordered.indices(2, 4) == [8, 9, 0, 1]
   ids, texts = data.batch(2, 4)
   assert ids == [[i + 1] for i in data.indices(2, 4)] and texts is None
+
+
+def test_order_is_a_grain_dataset_of_per_epoch_permutations():
+  data = PromptDataset([[i + 1] for i in range(7)], seed=11)
+  assert isinstance(data.order, grain.MapDataset)
+  want = [int(i) for e in range(3) for i in np.random.default_rng([11, e]).permutation(7)]
+  assert sum((data.indices(k, 3) for k in range(7)), []) == want
+  assert [data.order[k] for k in range(21)] == want
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 12), shards=st.sampled_from([1, 2, 4]), per_shard=st.integers(1, 3),
+       position=st.integers(0, 20), seed=st.integers(0, 2**32 - 1))
+def test_shards_concatenate_to_the_global_batch(n, shards, per_shard, position, seed):
+  data = PromptDataset([[i + 1] for i in range(n)], seed=seed)
+  batch_size = shards * per_shard
+  parts = [data.indices(position, batch_size,
+                        shard=grain.sharding.ShardOptions(shard_index=i, shard_count=shards))
+           for i in range(shards)]
+  assert sum(parts, []) == data.indices(position, batch_size)
+  ids, _ = data.batch(position, batch_size, shard=grain.sharding.ShardOptions(0, shards))
+  assert ids == [[i + 1] for i in parts[0]]
+
+
+def test_one_process_shard_is_the_whole_batch():
+  data = PromptDataset([[i + 1] for i in range(10)], seed=3)
+  assert data.indices(4, 6, shard=jax_process_shard()) == data.indices(4, 6)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda d: d.indices(0, 6, shard=grain.sharding.ShardOptions(0, 4)),
+     r"batch_size=6 is not a multiple of the 4 shards"),
+    (lambda d: d.indices(0, 4, shard=types.SimpleNamespace(shard_index=4, shard_count=4)),
+     r"shard index 4 of 4 is invalid"),
+    (lambda d: d.indices(-1, 4), r"position=-1 is invalid"),
+    (lambda d: d.batch(0, 0), r"batch_size=0 is invalid"),
+])
+def test_bad_positions_and_shards(call, message):
+  with pytest.raises(ValueError, match=message):
+    call(PromptDataset([[1], [2]]))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, True])
+def test_bad_seeds(seed):
+  with pytest.raises(ValueError, match=r"PromptDataset seed=.* is invalid: use an int in"):
+    PromptDataset([[1]], seed=seed)

@@ -1,0 +1,69 @@
+"""Scale-out over a device mesh: SPMD with `jax.jit` + `NamedSharding` (no `pmap`).
+
+Public API (everything a run needs; see each module for details):
+
+* `MeshConfig(data=-1, fsdp=1, tensor=1)` and `make_mesh(config)`: the mesh, axes
+  `("data", "fsdp", "tensor")` (`jax_ppo.parallel.mesh`);
+* `param_shardings(tree, mesh)` / `shard_params(tree, mesh)`: parameters, optimizer states,
+  `TrainState` and `FrozenParams` placed by the logical-axis rules (`jax_ppo.parallel.rules`:
+  `MESH_RULES`, `PARAM_AXES`, `logical_axes`, `partition_spec`);
+* `batch_shardings(tree, mesh)` / `shard_batch(tree, mesh)`: rows split over `data` x `fsdp`;
+  `cache_shardings(cache, mesh)` for the KV cache;
+* `MeshJit(fn, mesh, in_roles=..., out_roles=...)`: the jit with explicit in/out shardings that
+  `PPOSteps(..., mesh=mesh)` and `Sampler(..., mesh=mesh)` use; it traces under
+  `rules.gather_layers(mesh)`, under which the decoder's layer loop gathers each layer's
+  FSDP-split weights (and does not keep them for the backward pass) and keeps activations split
+  on rows (`rules.gather_layer_weights`, `rules.remat_gathered`, `rules.constrain_activations`;
+  all identities without a mesh);
+* `memory.update_memory(model_config, ppo_config, mesh, prompt_length=...)`: per-device bytes
+  of one compiled update from abstract arrays (`experiments/benchmarks/sharding_memory.py`).
+* `DistributedConfig` and `distributed.initialize(config)`: multi-host runs through
+  `jax.distributed` (`jax_ppo.parallel.distributed`); `selfcheck`: the same tiny PPO update on
+  one device, a mesh and several processes (`experiments/scale_check.py`).
+
+Runs take the mesh from `RunConfig.mesh` (`jax-ppo train ... mesh.fsdp=2`), `PPOTrainer(...,
+mesh=mesh)` places the policy, reference, critic and reward model on the same mesh (a LoRA
+policy's reference is its own base weights: one copy), and `from_pretrained(path, mesh=mesh)`
+reads each tensor straight into its shards. Global statistics (masked means, whitening, group
+advantages, the KL controller's KL) are computed over the whole batch by XLA's SPMD partitioner:
+they equal the single-device values (`tests/parallel`).
+"""
+
+from jax_ppo.parallel.distributed import DistributedConfig
+from jax_ppo.parallel.jit import MeshJit, shardings_for
+from jax_ppo.parallel.mesh import AXES, BATCH_AXES, MeshConfig, batch_axis_size, make_mesh
+from jax_ppo.parallel.rules import (
+    MESH_RULES,
+    PARAM_AXES,
+    batch_shardings,
+    batch_spec,
+    cache_shardings,
+    logical_axes,
+    param_shardings,
+    partition_spec,
+    replicated,
+    shard_batch,
+    shard_params,
+)
+
+__all__ = [
+    "AXES",
+    "BATCH_AXES",
+    "DistributedConfig",
+    "MESH_RULES",
+    "PARAM_AXES",
+    "MeshConfig",
+    "MeshJit",
+    "batch_axis_size",
+    "batch_shardings",
+    "batch_spec",
+    "cache_shardings",
+    "logical_axes",
+    "make_mesh",
+    "param_shardings",
+    "partition_spec",
+    "replicated",
+    "shard_batch",
+    "shard_params",
+    "shardings_for",
+]

@@ -1,0 +1,60 @@
+"""Runs a script in a fresh Python process that sees several fake CPU devices.
+
+The pytest process has one CPU device and JAX fixes the device count when it starts, so every
+test that needs a mesh runs a script of `tests/parallel/scripts/` (or any file) through
+`run_on_devices`, with `XLA_FLAGS=--xla_force_host_platform_device_count=N`; the script prints
+one JSON object on its last stdout line, which is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
+
+
+def device_env(devices: int) -> dict[str, str]:
+  """The environment of a child process with `devices` fake CPU devices (repo on the path)."""
+  env = dict(os.environ)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if not f.startswith(("--xla_force_host_platform_device_count",
+                                "--xla_cpu_collective"))]
+  # On a loaded CI machine the fake devices' threads can reach a collective far apart; XLA:CPU
+  # aborts the process after its default rendezvous timeout, so the tests allow 10 minutes.
+  env["XLA_FLAGS"] = " ".join([
+      *flags, f"--xla_force_host_platform_device_count={devices}",
+      "--xla_cpu_collective_timeout_seconds=600",
+      "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+  ])
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+  return env
+
+
+def run_on_devices(script: str | os.PathLike, *args: str, devices: int = 8,
+                   timeout: float = 600) -> dict:
+  """Runs `script` (a file name in `scripts/` or a path) with `args` on `devices` fake CPU
+  devices and returns the JSON object printed on its last stdout line.
+
+  Raises:
+    AssertionError: the script failed (with its stderr tail) or printed no JSON.
+  """
+  path = pathlib.Path(script)
+  if not path.is_absolute():
+    path = SCRIPTS / path
+  proc = subprocess.run(
+      [sys.executable, str(path), *map(str, args)], cwd=REPO, env=device_env(devices),
+      capture_output=True, text=True, timeout=timeout, check=False,
+  )
+  if proc.returncode != 0:
+    raise AssertionError(f"{path.name} {' '.join(map(str, args))} failed (exit "
+                         f"{proc.returncode}):\n{proc.stderr[-4000:]}")
+  lines = [line for line in proc.stdout.splitlines() if line.strip()]
+  if not lines:
+    raise AssertionError(f"{path.name} printed nothing; stderr:\n{proc.stderr[-2000:]}")
+  return json.loads(lines[-1])

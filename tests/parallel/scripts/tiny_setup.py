@@ -1,0 +1,40 @@
+"""A tiny model, config and prompts shared by the multi-device scripts (imported by them)."""
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_ppo.data import PromptDataset
+from jax_ppo.models.config import ModelConfig
+from jax_ppo.models.transformer import CausalLM
+
+EOS, PAD, TARGET = 2, 0, 7
+# Every sharded dimension divides 2: D = 32 (fsdp), H*Dh = 32, K*Dh = 16, F = 64, V = 64 (tensor).
+MODEL = ModelConfig(
+    model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64,
+)
+
+
+def policy(seed: int = 0) -> CausalLM:
+  return CausalLM(MODEL, rngs=nnx.Rngs(seed))
+
+
+def prompts(n: int = 16, seed: int = 0) -> PromptDataset:
+  rng = np.random.default_rng(seed)
+  return PromptDataset(
+      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
+      seed=seed,
+  )
+
+
+def count_target(prompt_ids, prompt_mask, response_ids, response_mask):
+  return jnp.sum((response_ids == TARGET) & response_mask, axis=1).astype(jnp.float32)
+
+
+def max_abs_diff(a, b) -> float:
+  import jax
+
+  diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
+                                                        - np.asarray(y, np.float64)))), a, b)
+  return max(jax.tree.leaves(diffs), default=0.0)

