@@ -29,13 +29,13 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from jax_ppo.core import (
-    position_ids_from_mask,
-    response_mask_from_stop_tokens,
+  position_ids_from_mask,
+  response_mask_from_stop_tokens,
 )
 from jax_ppo.models.errors import VocabularyError
-from jax_ppo.rollout import token_logprobs
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
+from jax_ppo.rollout import token_logprobs
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
