@@ -35,13 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -82,24 +84,6 @@ def build_models(shape: dict, folder: str) -> dict[str, str]:
                                       pad_token_id=pad)
     transformers.GPT2ForSequenceClassification(seq_cfg).save_pretrained(paths[name])
   return paths
-
-
-def peak_rss_mib() -> float:
-  """Peak resident memory of this process so far, in MiB.
-
-  Linux: `VmHWM` of /proc/self/status, the high-water mark of this program's own memory
-  (`ru_maxrss` carries the parent's peak over fork + exec, so a subprocess started by a large
-  process would report at least the parent's peak); elsewhere `ru_maxrss`.
-  """
-  try:
-    with open("/proc/self/status") as f:
-      for line in f:
-        if line.startswith("VmHWM:"):
-          return int(line.split()[1]) / 1024  # kB
-  except OSError:
-    pass
-  scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale / 1024
 
 
 def run_jax(args, shape: dict) -> dict:

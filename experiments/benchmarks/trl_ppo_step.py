@@ -21,7 +21,7 @@ of sampling to the first forward pass of the policy with gradients on (reference
 value and reward forwards, GAE; a forward pre-hook on the policy finds that point); and
 `update_s`, from there to the end of the update (4 epochs of policy+value fwd+bwd and AdamW).
 The first update is reported apart (`first_update_s`) and left out of the medians. Also: the
-process's peak RSS (`ppo_step.peak_rss_mib`), and a model-FLOPs estimate (2 N per forward token,
+process's peak RSS (`rss.peak_rss_mib`), and a model-FLOPs estimate (2 N per forward token,
 6 N per trained token, N = policy parameters) with the GFLOP/s it implies.
 
     python experiments/benchmarks/trl_ppo_step.py [--shape tiny|base] [--updates 8]
@@ -45,7 +45,8 @@ for _name, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
   os.environ.setdefault(_name, _value)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ppo_step import SHAPES, build_models, make_prompts, peak_rss_mib  # noqa: E402
+from ppo_step import SHAPES, build_models, make_prompts  # noqa: E402
+from rss import peak_rss_mib  # noqa: E402
 
 
 def id_tokenizer(vocab_size: int):
