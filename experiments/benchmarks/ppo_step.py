@@ -155,14 +155,14 @@ def run_trl(args) -> dict | None:
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "trl.json")
     cmd = [args.trl_python, args.trl_bench, "--shape", args.shape, "--updates",
-           str(args.warmup + args.updates), "--json", out]
+           str(args.warmup + args.updates), "--threads", str(args.trl_threads), "--json", out]
     print("running:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=sys.stdout, stderr=sys.stderr)
     with open(out) as f:
       trl = json.load(f)
   return {
       **{k: trl[k] for k in ("s_per_update", "rollout_s", "score_s", "update_s",
-                             "first_update_s", "peak_rss_mib", "versions")},
+                             "first_update_s", "peak_rss_mib", "versions", "torch_threads")},
       "note": "TRL's score_s covers the ref, value and reward forwards; jax_ppo's update_s "
               "includes its ref forward (its old log-probs and values come from the first "
               "epoch's forward pass).",
@@ -206,6 +206,12 @@ def main(argv=None) -> dict:
                   help="python of a venv with the `bench` extra (trl==1.12.0), e.g. "
                        "/tmp/trl-venv/bin/python")
   ap.add_argument("--trl-bench", default=DEFAULT_TRL_BENCH)
+  ap.add_argument("--trl-threads", type=int, default=0,
+                  help="torch threads of the TRL side (0: torch's default, one per core). On a "
+                       "host shared with other busy processes torch's OpenMP threads can slow "
+                       "down many times over (measured: 2 threads 15-22 s/update, 1 thread "
+                       "3.9 s, at tiny, on 2 cores with another process using one); compare "
+                       "on a quiet host, or also run with --trl-threads 1")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   shape = SHAPES[args.shape]
