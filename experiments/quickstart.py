@@ -25,6 +25,9 @@ def main() -> None:
   parser.add_argument("--smoke", "--quick", action="store_true",
                       help="tiny sizes, a handful of steps per stage (CI)")
   parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+  parser.add_argument("--compilation-cache-dir", default="auto",
+                      help="JAX's persistent compilation cache folder: 'auto' (default: "
+                           "$JAX_PPO_CACHE_DIR or ~/.cache/jax_ppo/xla), a path, or 'off'")
   # Every QuickstartConfig field as an optional flag (--sft-steps 300, --kl-coef 0.1, ...).
   for f in dataclasses.fields(QuickstartConfig):
     parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
@@ -38,7 +41,8 @@ def main() -> None:
     parser.error(str(e))
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
   try:
-    run_quickstart(config, args.out, progress=not args.no_progress)
+    run_quickstart(config, args.out, progress=not args.no_progress,
+                   compilation_cache_dir=args.compilation_cache_dir)
   except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: finished stages and checkpoints are kept
     print(f"\nStopped ({e or 'interrupted'}). Run the same command again to resume.")
 

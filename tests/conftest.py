@@ -6,6 +6,7 @@ runs many more examples for a local bug hunt. Select one with `HYPOTHESIS_PROFIL
 """
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -26,6 +27,11 @@ settings.register_profile(
     derandomize=False,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "jax_ppo"))
+
+# Runs turn JAX's persistent compilation cache on by default (`jax_ppo.compile_cache`, folder
+# `~/.cache/jax_ppo/xla`); tests keep theirs in a temporary folder instead of the user's home.
+if not os.environ.get("JAX_PPO_CACHE_DIR"):
+  os.environ["JAX_PPO_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_ppo_test_cache_")
 
 
 @pytest.fixture(scope="module")

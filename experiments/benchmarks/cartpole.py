@@ -39,6 +39,9 @@ import numpy as np
 
 from jax_ppo.control import ControlPPOConfig, final_return, make_train
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
+
 PUREJAXRL_CARTPOLE = {
     "LR": 2.5e-4,
     "NUM_ENVS": 4,
@@ -289,6 +292,7 @@ def main() -> None:
              if pj else f"{'-':>13} {'-':>9}")
     print(f"{row['seeds']:>5}  {jp['min_total_s']:6.2f} /{jp['median_total_s']:6.2f} "
           f"{jp['min_total_cpu_s']:7.2f}  {pj_s}  {ratio}")
+  print(f"peak RSS of this process (both implementations): {peak_rss_mib() / 1024:.2f} GiB")
 
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -305,6 +309,7 @@ def main() -> None:
         "distrax": provenance,
         "runs": runs,
         "summary": summary,
+        "peak_rss_mib": peak_rss_mib(),
     }
     with open(args.json, "w") as f:
       json.dump(result, f, indent=2)

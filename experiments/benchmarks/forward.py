@@ -30,6 +30,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
+
 #: XLA flags applied unless --xla-flags overrides them (see the report in the models issue).
 DEFAULT_XLA_FLAGS = ""
 
@@ -246,6 +249,8 @@ def main(argv=None):
               f"{e[kind + '_gflops']:>8.1f} {e[kind + '_frac_peak']:>8.0%} "
               f"{e[kind + '_cpu_s']:>7.3f} {e[kind + '_gflops_per_cpu_s']:>8.1f} "
               f"{e[kind + '_frac_peak_cpu']:>8.0%} {speed:>24}")
+  results["peak_rss_mib"] = peak_rss_mib()
+  print(f"peak RSS of this process (jax and torch): {results['peak_rss_mib'] / 1024:.2f} GiB")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)

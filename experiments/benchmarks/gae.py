@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 
 import jax
@@ -34,6 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ppo import gae
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
 
 
 def gae_python_loop(rewards, values, mask, *, gamma: float, lam: float):
@@ -187,6 +191,7 @@ def main() -> None:
     print(f"copy bandwidth, {label} ({bw['bytes'] / 2**20:.1f} MiB): NumPy copy "
           f"{bw['numpy_copy_Bps'] / 1e9:.2f} GB/s, jitted x+1 {bw['jax_add_one_Bps'] / 1e9:.2f} "
           f"GB/s (read+write)")
+  print(f"peak RSS of this process: {peak_rss_mib():.0f} MiB")
 
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -206,6 +211,7 @@ def main() -> None:
         "backend": jax.default_backend(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
+        "peak_rss_mib": peak_rss_mib(),
     }
     with open(args.json, "w") as f:
       json.dump(out, f, indent=2)

@@ -1,10 +1,10 @@
 """PPO update benchmark on the TRL reference workload, side by side with TRL when available.
 
-Workload (shared/peers/trl_cpu): a random GPT-2 policy with 4 layers, width 256, 4 heads, 256
-positions and vocab 2048; random reward and value models of the same shape
-(`GPT2ForSequenceClassification`, one label); batch 8; prompts of 28-32 tokens; 48 response tokens
-with no early EOS; 4 PPO epochs; 1 minibatch; fp32; fixed KL coefficient. `--shape base` uses the
-12-layer, width-768 body.
+Workload (the TRL CPU reference of the published comparison): a random GPT-2 policy with 4
+layers, width 256, 4 heads, 256 positions and vocab 2048; random reward and value models of the
+same shape (`GPT2ForSequenceClassification`, one label); batch 8; prompts of 28-32 tokens; 48
+response tokens with no early EOS; 4 PPO epochs; 1 minibatch; fp32; fixed KL coefficient.
+`--shape base` uses the 12-layer, width-768 body.
 
 The training forward/backward runs its layers unrolled and the sampler scans them
 (`--train-layers` / `--rollout-layers`, the `PPOConfig` fields `train_scan_layers` and
@@ -14,11 +14,20 @@ jax_ppo runs `--warmup` updates (compilation) and then `--updates` timed ones th
 `PPOTrainer.step`, whose metrics split each update into rollout (sampling), scoring (reward
 model) and update (reference log-probs, GAE, then 4 epochs of fwd+bwd and AdamW; with one
 minibatch the first epoch's forward pass also gives the old log-probs and values).
-With `--trl-python PATH` (a Python with trl==1.12.0, see shared/peers/trl_cpu/README.md) the
-same run then starts TRL's benchmark script in a subprocess and reports the ratio.
+
+Compile time: the run uses JAX's persistent compilation cache (`jax_ppo.compile_cache`) in a
+fresh temporary folder (`--compile-cache`), so the first update of this process compiles cold;
+then a second invocation (a new process on the same cache folder) times its first update, which
+loads the programs instead. Both are reported against a steady update. Peak RSS is the
+process's `ru_maxrss` (the second invocation's and TRL's are their own processes).
+
+TRL side: with `--trl-python PATH` (a Python with this repository's `bench` extra:
+`pip install -e ".[bench]"`, i.e. trl==1.12.0 and torch 2.13.0) the same run then starts
+`trl_ppo_step.py` (the same models, prompts and settings through TRL's `PPOTrainer`) in a
+subprocess and prints both side by side with the time ratio.
 
     python experiments/benchmarks/ppo_step.py [--shape tiny|base] [--json PATH]
-        [--trl-python /tmp/trl-venv/bin/python]
+        [--trl-python /tmp/trl-venv/bin/python] [--compile-cache fresh|DIR|off]
 """
 
 from __future__ import annotations
@@ -26,11 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,12 +54,19 @@ SHAPES = {
 }
 LAYER_LOOPS = {"scan": True, "unroll": False}
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TRL_BENCH = os.path.normpath(
-    os.path.join(HERE, "..", "..", "..", "shared", "peers", "trl_cpu", "trl_ppo_bench.py")
-)
+DEFAULT_TRL_BENCH = os.path.join(HERE, "trl_ppo_step.py")
 
 
-def _build_models(shape: dict, folder: str) -> dict[str, str]:
+def make_prompts(vocab_size: int, n: int = 256, seed: int = 1) -> list[list[int]]:
+  """`n` random token-id prompts of 28-32 tokens (no pad or EOS id): the prompts of both sides."""
+  import numpy as np
+
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, vocab_size - 2, size=int(rng.integers(28, 33))).tolist()
+          for _ in range(n)]
+
+
+def build_models(shape: dict, folder: str) -> dict[str, str]:
   """Random HF policy, reward and value models written to `folder`; returns their paths."""
   import torch
   import transformers
@@ -67,21 +87,18 @@ def _build_models(shape: dict, folder: str) -> dict[str, str]:
 
 
 def run_jax(args, shape: dict) -> dict:
-  import numpy as np
-
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
   from jax_ppo.trainer import PPOConfig, PPOTrainer
   from jax_ppo.trainer.perf import measure_matmul_peak
 
   with tempfile.TemporaryDirectory() as tmp:
-    paths = _build_models(shape, tmp)
+    paths = build_models(shape, tmp)
     policy = models.from_pretrained(paths["policy"])
     reward = models.load_scalar_model(paths["reward"])
     value = models.load_scalar_model(paths["value"])
   vocab = shape["vocab_size"]
-  rng = np.random.default_rng(1)
-  prompts = [list(rng.integers(0, vocab - 2, size=int(rng.integers(28, 33)))) for _ in range(256)]
+  prompts = make_prompts(vocab)
   total = args.warmup + args.updates
   config = PPOConfig(
       batch_size=args.batch, num_minibatches=1, ppo_epochs=4, max_new_tokens=args.response_length,
@@ -91,10 +108,18 @@ def run_jax(args, shape: dict) -> dict:
       rollout_scan_layers=LAYER_LOOPS[args.rollout_layers],
   )
   peak = measure_matmul_peak(2048)
+  t0 = time.perf_counter()
   trainer = PPOTrainer(
       config, policy, reward=reward, value_model=value, prompts=PromptDataset(prompts, seed=0),
       peak_flops=peak,
   )
+  init_s = time.perf_counter() - t0
+  if args.first_update_only:  # the second invocation: one update on a warm compilation cache
+    m = trainer.step()
+    print(f"second invocation: trainer built in {init_s:.3f}s, first update "
+          f"{m['time/total_s']:.3f}s", flush=True)
+    return {"first_update_s": m["time/total_s"], "trainer_init_s": init_s,
+            "peak_rss_mib": peak_rss_mib()}
   history = []
   t0 = time.perf_counter()
   for i in range(total):
@@ -112,6 +137,8 @@ def run_jax(args, shape: dict) -> dict:
       "score_s": med("time/score_s"),
       "update_s": med("time/update_s"),
       "first_update_s": history[0]["time/total_s"],
+      "trainer_init_s": init_s,
+      "peak_rss_mib": peak_rss_mib(),
       "mfu": med("mfu"),
       "matmul_peak_gflops": peak / 1e9,
       "tokens_per_s": med("tokens_per_s"),
@@ -128,20 +155,32 @@ def run_trl(args) -> dict | None:
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "trl.json")
     cmd = [args.trl_python, args.trl_bench, "--shape", args.shape, "--updates",
-           str(args.warmup + args.updates), "--json", out]
+           str(args.warmup + args.updates), "--threads", str(args.trl_threads), "--json", out]
     print("running:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=sys.stdout, stderr=sys.stderr)
     with open(out) as f:
       trl = json.load(f)
   return {
-      "s_per_update": trl["median_update_s_after_first"],
-      "rollout_s": trl["median_gen_s_after_first"],
-      "score_s": trl["median_rollout_score_s_after_first"],
-      "update_s": trl["median_ppo_opt_s_after_first"],
+      **{k: trl[k] for k in ("s_per_update", "rollout_s", "score_s", "update_s",
+                             "first_update_s", "peak_rss_mib", "versions", "torch_threads")},
       "note": "TRL's score_s covers the ref, value and reward forwards; jax_ppo's update_s "
               "includes its ref forward (its old log-probs and values come from the first "
               "epoch's forward pass).",
   }
+
+
+def run_second_invocation(args, cache_dir: str) -> dict:
+  """The first update of a new process on the compilation cache this one filled."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "second.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--batch",
+           str(args.batch), "--response-length", str(args.response_length), "--train-layers",
+           args.train_layers, "--rollout-layers", args.rollout_layers, "--compile-cache",
+           cache_dir, "--first-update-only", "--json", out]
+    print("second invocation:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=sys.stdout, stderr=sys.stderr)
+    with open(out) as f:
+      return json.load(f)["jax_ppo"]
 
 
 def main(argv=None) -> dict:
@@ -155,14 +194,40 @@ def main(argv=None) -> dict:
                   help="layer loop of the training forward/backward (PPOConfig.train_scan_layers)")
   ap.add_argument("--rollout-layers", choices=sorted(LAYER_LOOPS), default="scan",
                   help="layer loop of the sampler (PPOConfig.rollout_scan_layers)")
-  ap.add_argument("--trl-python", default=None, help="python of a venv with trl==1.12.0")
+  ap.add_argument("--compile-cache", default="fresh",
+                  help="persistent compilation cache: 'fresh' (default: a new temporary folder, "
+                       "so this run compiles cold and the second invocation loads from it), a "
+                       "folder, or 'off'")
+  ap.add_argument("--second-invocation", action=argparse.BooleanOptionalAction, default=True,
+                  help="after the timed updates, time the first update of a new process on the "
+                       "same compilation cache (needs the cache)")
+  ap.add_argument("--first-update-only", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--trl-python", default=None,
+                  help="python of a venv with the `bench` extra (trl==1.12.0), e.g. "
+                       "/tmp/trl-venv/bin/python")
   ap.add_argument("--trl-bench", default=DEFAULT_TRL_BENCH)
+  ap.add_argument("--trl-threads", type=int, default=0,
+                  help="torch threads of the TRL side (0: torch's default, one per core). On a "
+                       "host shared with other busy processes torch's OpenMP threads can slow "
+                       "down many times over (measured: 2 threads 15-22 s/update, 1 thread "
+                       "3.9 s, at tiny, on 2 cores with another process using one); compare "
+                       "on a quiet host, or also run with --trl-threads 1")
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   shape = SHAPES[args.shape]
 
   import jax
 
+  from jax_ppo.compile_cache import enable_compilation_cache
+
+  fresh_cache = args.compile_cache == "fresh"
+  cache_dir = None
+  if fresh_cache:
+    cache_dir = tempfile.mkdtemp(prefix="jax_ppo_bench_cache_")
+  elif args.compile_cache != "off":
+    cache_dir = args.compile_cache
+  if cache_dir is not None:
+    enable_compilation_cache(cache_dir)
   results = {"jax_ppo": run_jax(args, shape)}
   import device_peaks  # MFU against the card's datasheet peak (None on a CPU)
 
@@ -170,6 +235,18 @@ def main(argv=None) -> dict:
   r["accelerator"] = device_peaks.utilisation(
       jax.devices()[0].device_kind, dtype="float32",
       flops_per_s=r["mfu"] * r["matmul_peak_gflops"] * 1e9)
+  if args.first_update_only:
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(results, f)
+    return results
+  if args.second_invocation and cache_dir is not None:
+    second = run_second_invocation(args, cache_dir)
+    results["jax_ppo"]["second_invocation_first_update_s"] = second["first_update_s"]
+    results["jax_ppo"]["second_invocation_trainer_init_s"] = second["trainer_init_s"]
+    results["jax_ppo"]["cache_entries"] = len(os.listdir(cache_dir))
+  if fresh_cache:
+    shutil.rmtree(cache_dir, ignore_errors=True)
   trl = run_trl(args)
   if trl is not None:
     results["trl"] = trl
@@ -178,19 +255,23 @@ def main(argv=None) -> dict:
       shape=args.shape, **shape, batch=args.batch, prompt_len="28-32",
       response_length=args.response_length, ppo_epochs=4, num_minibatches=1, dtype="float32",
       warmup=args.warmup, updates=args.updates, train_layers=args.train_layers,
-      rollout_layers=args.rollout_layers, backend=jax.default_backend(),
-      jax=jax.__version__,
+      rollout_layers=args.rollout_layers, compile_cache=args.compile_cache,
+      backend=jax.default_backend(), jax=jax.__version__,
   )
   print(f"\nPPO update benchmark ({args.shape}, batch {args.batch}, {args.response_length} "
         f"response tokens, 4 epochs, {jax.default_backend()})")
-  print(f"{'impl':<8} {'s/update':>9} {'rollout':>9} {'score':>9} {'update':>9}")
+  print(f"{'impl':<8} {'s/update':>9} {'rollout':>9} {'score':>9} {'update':>9} "
+        f"{'1st upd':>9} {'1st (2nd run)':>14} {'peak RSS':>10}")
   for name in ("jax_ppo", "trl"):
     if name in results:
       r = results[name]
+      second = r.get("second_invocation_first_update_s")
+      second = "-" if second is None else f"{second:.3f}"
       print(f"{name:<8} {r['s_per_update']:>9.3f} {r['rollout_s']:>9.3f} {r['score_s']:>9.3f} "
-            f"{r['update_s']:>9.3f}")
+            f"{r['update_s']:>9.3f} {r['first_update_s']:>9.3f} {second:>14} "
+            f"{r['peak_rss_mib'] / 1024:>6.2f} GiB")
   if "jax_ppo_over_trl_time" in results:
-    print(f"jax_ppo time / TRL time: {results['jax_ppo_over_trl_time']:.2f} (target <= 0.5)")
+    print(f"jax_ppo time / TRL time: {results['jax_ppo_over_trl_time']:.2f}")
   print(f"jax_ppo MFU: {results['jax_ppo']['mfu']:.3f} of a "
         f"{results['jax_ppo']['matmul_peak_gflops']:.0f} GFLOP/s matmul peak")
   if args.json:

@@ -5,7 +5,9 @@ Both run the same random GPT-2 weights (built with transformers, handed to jax_p
 settings of TRL's PPO rollout (temperature 0.7, top_k 0, top_p 1.0) and no stop token, so every
 call produces exactly `--new-tokens` tokens per row. The default shape is the TRL reference
 workload of `shared/peers/trl_cpu` (4 layers, 4 heads, width 256, 256 positions, vocab 2048;
-batch 8; 32-token prompts; 48 new tokens). `--shape gpt2-small --batch 64` is the larger one.
+batch 8; 32-token prompts; 48 new tokens). `--shape base` is the 86M body of `ppo_step.py --shape
+base` (12 layers, width 768, vocab 2048); `--shape gpt2-small --batch 64` is the larger one.
+The JSON and the table also give the process's peak RSS (both implementations run in it).
 
 Reports, per implementation, the median wall time of one generate call after warm-up, the
 milliseconds per decode step (time / new tokens) and generated tokens per second, and the ratio.
@@ -15,7 +17,8 @@ over an array of the same size, read repeatedly, so caches help it as much as th
 decode step) bounds the step time from below, and `hf ms/step / floor` bounds the speedup any
 implementation can reach over HF on this machine.
 
-    python experiments/benchmarks/rollout.py [--shape tiny|gpt2-small] [--batch 8] [--json PATH]
+    python experiments/benchmarks/rollout.py [--shape tiny|base|gpt2-small] [--batch 8]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rss import peak_rss_mib  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SHAPES = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048),
     "gpt2-small": dict(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257),
+    # The 86M "base" shape of ppo_step.py (GPT-2 small body, vocab 2048).
+    "base": dict(n_layer=12, n_head=12, n_embd=768, n_positions=256, vocab_size=2048),
 }
 
 
@@ -180,6 +188,7 @@ def main(argv=None) -> dict:
       * (args.prompt_len + args.new_tokens) / gen_s,
       bytes_per_s=step_bytes * args.new_tokens / gen_s,
   )
+  results["peak_rss_mib"] = peak_rss_mib()
   summary = {
       **results,
       "config": dict(
@@ -205,6 +214,8 @@ def main(argv=None) -> dict:
         f"ms/step; jax_ppo is at {mf['jax_ppo_over_floor']:.2f}x the floor"
         + (f"; the most any implementation can gain over hf here is "
            f"{mf['max_speedup_over_hf']:.1f}x" if "max_speedup_over_hf" in mf else ""))
+  print(f"peak RSS of this process (both implementations): "
+        f"{results['peak_rss_mib'] / 1024:.2f} GiB")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

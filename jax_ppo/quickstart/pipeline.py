@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jax_ppo.compile_cache import AUTO as AUTO_CACHE
+from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.config_io import with_defaults
 from jax_ppo.quickstart import report, stages
 from jax_ppo.quickstart.config import QuickstartConfig
@@ -38,6 +40,7 @@ def run_quickstart(
     *,
     progress: bool = True,
     log: Callable[[str], Any] = print,
+    compilation_cache_dir: str | os.PathLike | None = AUTO_CACHE,
 ) -> dict[str, Any]:
   """Runs the stages that are not done yet in `out` and reports.
 
@@ -46,9 +49,14 @@ def run_quickstart(
   printed before/after table), `timings` (wall seconds per stage in this invocation; stages
   already done only load their results, and are listed in `skipped`), `cpu_s` (CPU seconds
   of this process per stage) and `plots` (PNG paths).
+
+  `compilation_cache_dir` is the folder of JAX's persistent compilation cache, so that a rerun
+  loads its compiled programs: "auto" (the default, `~/.cache/jax_ppo/xla`), a path, or None or
+  "off" (`jax_ppo.compile_cache`).
   """
   out = pathlib.Path(out)
   _check_config(cfg, out)
+  enable_compilation_cache(compilation_cache_dir)  # before anything compiles
   timings: dict[str, float] = {}
   cpu: dict[str, float] = {}  # CPU seconds of this process (all threads) per stage
   skipped: list[str] = []

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.models import (
     add_lora,
     check_vocab_covers,
@@ -215,6 +216,7 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
     step's, when a step ran), "eval/accuracy" and "eval/loss" (with a held-out split), and
     "normalisation" ({gain, bias, mean, std, samples}, when normalised)}`.
   """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_reward_trainer(config)
   try:
     if trainer.step_count >= trainer.total_steps:

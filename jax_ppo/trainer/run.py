@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.data.files import PROMPT_FORMATS, PROMPT_SUFFIXES, check_data_path, read_prompts
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.models import (
@@ -274,6 +275,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   SIGINT during training saves a checkpoint and returns early: the returned history's
   `preempted` then names the signal (see `jax_ppo.trainer.loop`).
   """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   guide_advice(config)
   trainer = build_trainer(config)
   try:

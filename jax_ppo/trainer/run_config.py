@@ -15,6 +15,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jax_ppo.compile_cache import AUTO as AUTO_CACHE
+from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import (
     CONFIG_FILENAME,
     apply_overrides,
@@ -44,6 +46,7 @@ OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
     "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
     "rollback_lr_factor", "max_rollbacks", "monitor", "remat", "mesh", "distributed",
+    "compilation_cache_dir",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
@@ -143,6 +146,12 @@ class RunConfig:
   the environment or `distributed.coordinator_address` describes one (e.g.
   `distributed.coordinator_address=10.0.0.2:12355 distributed.num_processes=2
   distributed.process_id=1`); a single process otherwise."""
+  compilation_cache_dir: str | None = AUTO_CACHE
+  """Folder of JAX's persistent compilation cache, so that a second invocation (a resumed run,
+  the next run of the same setup) loads its compiled programs instead of compiling them again:
+  "auto" (`$JAX_PPO_CACHE_DIR`, else `~/.cache/jax_ppo/xla`; a folder JAX was already given is
+  kept), a path, or null (or "off") to leave the cache to JAX's own settings
+  (`jax_ppo.compile_cache`)."""
 
   def __post_init__(self):
     def bad(field: str, fix: str):
@@ -177,6 +186,7 @@ class RunConfig:
       bad("pad_token", "give a token string of the policy's vocabulary, or null")
     if not isinstance(self.resize_embeddings, bool):
       bad("resize_embeddings", "use true or false")
+    check_cache_setting(self.compilation_cache_dir, field="RunConfig.compilation_cache_dir")
     if self.updates_per_run is not None and (
         not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
       bad("updates_per_run", "use an int >= 1 or null")

@@ -27,6 +27,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.models import (
   add_lora,
   check_vocab_covers,
@@ -98,6 +99,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
     "export_dir" (None until complete), "train/loss" (the last step's, when a step ran), and the
     held-out "eval/loss" and "eval/perplexity" when there is a held-out split}`.
   """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_sft_trainer(config)
   try:
     if trainer.step_count >= trainer.total_steps:

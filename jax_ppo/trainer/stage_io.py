@@ -17,6 +17,8 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from jax_ppo.compile_cache import AUTO as AUTO_CACHE
+from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig
@@ -32,7 +34,7 @@ RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # the keys of `run.DTYPES`
 
 STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
-                            "tensorboard", "progress", "distributed")
+                            "tensorboard", "progress", "distributed", "compilation_cache_dir")
 """Stage-config fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
 
@@ -73,6 +75,10 @@ class StageRunConfig:
   """Show a progress bar."""
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   """Multi-host set-up, as `RunConfig.distributed` (`jax_ppo.parallel.distributed`)."""
+  compilation_cache_dir: str | None = AUTO_CACHE
+  """Folder of JAX's persistent compilation cache: "auto" (`$JAX_PPO_CACHE_DIR`, else
+  `~/.cache/jax_ppo/xla`; a folder JAX was already given is kept), a path, or null (or "off")
+  to leave the cache to JAX's own settings (`jax_ppo.compile_cache`)."""
 
   def __post_init__(self):
     name = type(self).__name__
@@ -92,6 +98,7 @@ class StageRunConfig:
     for field in ("resize_embeddings", "tensorboard", "progress"):
       if not isinstance(getattr(self, field), bool):
         bad(field, "use true or false")
+    check_cache_setting(self.compilation_cache_dir, field=f"{name}.compilation_cache_dir")
     if self.steps_per_run is not None and (
         isinstance(self.steps_per_run, bool) or not isinstance(self.steps_per_run, int)
         or self.steps_per_run < 1):

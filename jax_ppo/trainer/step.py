@@ -388,24 +388,32 @@ class PPOSteps:
     """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients.
 
     A step whose loss (`metrics["loss/total_avg"]`) or gradient has a NaN or inf is skipped:
-    parameters, optimizer state and `opt_steps` keep their values bit for bit (a select, not
-    a zero update: `x + 0` would turn -0.0 into 0.0), and `metrics["skipped"]` is 1.
-    (`optax.apply_if_finite` is not used: it applies the non-finite update after
-    `max_consecutive_errors` skips, zeroes the update instead of keeping the state, and does
-    not look at the loss.)
+    parameters, optimizer state and `opt_steps` keep their values bit for bit, and
+    `metrics["skipped"]` is 1. The skip is a `lax.cond` around the optimizer step, not a select
+    of new against old values: with a select, the old Adam moments stay live next to the new
+    ones, and XLA copied every moment (twice the parameters' bytes) on each optimizer step; the
+    conditional updates parameters and moments in place. (Not a zero update either: `x + 0`
+    would turn -0.0 into 0.0. `optax.apply_if_finite` is not used: it applies the non-finite
+    update after `max_consecutive_errors` skips, zeroes the update instead of keeping the
+    state, and does not look at the loss.)
     """
     finite = jnp.isfinite(metrics["loss/total_avg"]) & jnp.all(jnp.asarray(
         [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
     ))
-    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
 
-    def keep_if_skipped(new, old):
-      return jnp.where(finite, new, old)
+    def step(operands):
+      params, opt_state, grads, lr_scale = operands
+      updates, opt_state = self.optimizer.update(grads, opt_state, params)
+      updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+      return optax.apply_updates(params, updates), opt_state
 
-    params = jax.tree.map(keep_if_skipped, params, state.params)
-    opt_state = jax.tree.map(keep_if_skipped, opt_state, state.opt_state)
+    def skip(operands):
+      params, opt_state, _, _ = operands
+      return params, opt_state
+
+    params, opt_state = jax.lax.cond(
+        finite, step, skip, (state.params, state.opt_state, grads, state.lr_scale)
+    )
     metrics = {**metrics, "policy/grad_norm": optax.tree.norm(grads),
                "skipped": (~finite).astype(jnp.float32)}
     new_state = state.replace(
