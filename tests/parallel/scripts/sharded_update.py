@@ -8,6 +8,7 @@ optimizer-state and batch differences, both runs' losses and KL coefficients, an
 parameters are really split.
 """
 
+import faulthandler
 import json
 import sys
 
@@ -87,6 +88,7 @@ def compare(mode: str, mesh) -> dict:
 
 
 def main():
+  faulthandler.dump_traceback_later(360, exit=True)  # a stuck collective: say where, then exit
   mesh = make_mesh(MeshConfig(data=int(sys.argv[2]), fsdp=int(sys.argv[3]),
                               tensor=int(sys.argv[4])))
   print(json.dumps({mode: compare(mode, mesh) for mode in sys.argv[1].split(",")}))
