@@ -30,6 +30,7 @@ def device_env(devices: int) -> dict[str, str]:
       *flags, f"--xla_force_host_platform_device_count={devices}",
       "--xla_cpu_collective_timeout_seconds=600",
       "--xla_cpu_collective_call_terminate_timeout_seconds=600",
+      "--xla_cpu_enable_concurrency_optimized_scheduler=false",
   ])
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -37,7 +38,7 @@ def device_env(devices: int) -> dict[str, str]:
 
 
 def run_on_devices(script: str | os.PathLike, *args: str, devices: int = 8,
-                   timeout: float = 600) -> dict:
+                   timeout: float = 420) -> dict:
   """Runs `script` (a file name in `scripts/` or a path) with `args` on `devices` fake CPU
   devices and returns the JSON object printed on its last stdout line.
 
@@ -47,10 +48,20 @@ def run_on_devices(script: str | os.PathLike, *args: str, devices: int = 8,
   path = pathlib.Path(script)
   if not path.is_absolute():
     path = SCRIPTS / path
-  proc = subprocess.run(
-      [sys.executable, str(path), *map(str, args)], cwd=REPO, env=device_env(devices),
-      capture_output=True, text=True, timeout=timeout, check=False,
-  )
+  command = [sys.executable, str(path), *map(str, args)]
+  for attempt in (1, 2):
+    try:
+      proc = subprocess.run(command, cwd=REPO, env=device_env(devices), capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+      if attempt == 2:
+        raise
+      continue
+    # XLA:CPU's fake devices can deadlock in a collective on a loaded 2-core machine (threads
+    # of all devices blocked in two different rendezvous): such a run is retried once.
+    stuck = "rendezvous" in proc.stderr and proc.returncode != 0
+    if not stuck:
+      break
   if proc.returncode != 0:
     raise AssertionError(f"{path.name} {' '.join(map(str, args))} failed (exit "
                          f"{proc.returncode}):\n{proc.stderr[-4000:]}")

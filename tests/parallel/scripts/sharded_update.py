@@ -8,6 +8,7 @@ optimizer-state and batch differences, both runs' losses and KL coefficients, an
 parameters are really split.
 """
 
+import faulthandler
 import json
 import sys
 
@@ -39,12 +40,16 @@ def build(mode: str, mesh):
 
 
 def update(trainer, rollout, scores):
+  # One multi-device program in flight at a time: XLA:CPU's fake devices can deadlock in their
+  # collectives when two programs overlap on a loaded machine.
   if trainer.steps.fuses_first_epoch:
-    state, batch, exp, upd = trainer.steps.experience_update(
-        trainer.state, trainer.frozen, rollout, scores)
+    state, batch, exp, upd = jax.block_until_ready(trainer.steps.experience_update(
+        trainer.state, trainer.frozen, rollout, scores))
   else:
-    batch, exp = trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores)
-    state, upd = trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"])
+    batch, exp = jax.block_until_ready(
+        trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores))
+    state, upd = jax.block_until_ready(
+        trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
   return state, batch, {**jax.device_get(exp), **jax.device_get(upd)}
 
 
@@ -52,10 +57,12 @@ def compare(mode: str, mesh) -> dict:
   single, sharded = build(mode, None), build(mode, mesh)
   prompt_ids, _ = single.dataset.batch(0, single.config.prompts_per_update)
   key = jax.random.PRNGKey(1)
-  rollout = single.sampler(prompt_ids, key, state=single.policy_state())
-  sharded_rollout = sharded.sampler(prompt_ids, key, state=sharded.policy_state())
-  scores = single.scorer(rollout, single.frozen.reward)
-  sharded_scores = sharded.scorer(shard_batch(rollout, mesh), sharded.frozen.reward)
+  rollout = jax.block_until_ready(single.sampler(prompt_ids, key, state=single.policy_state()))
+  sharded_rollout = jax.block_until_ready(
+      sharded.sampler(prompt_ids, key, state=sharded.policy_state()))
+  scores = jax.block_until_ready(single.scorer(rollout, single.frozen.reward))
+  sharded_scores = jax.block_until_ready(
+      sharded.scorer(shard_batch(rollout, mesh), sharded.frozen.reward))
   state1, batch1, m1 = update(single, rollout, scores)
   state8, batch8, m8 = update(sharded, rollout, scores)
   specs = {str(x.sharding.spec) for x in jax.tree.leaves(state8.params)}
@@ -81,6 +88,7 @@ def compare(mode: str, mesh) -> dict:
 
 
 def main():
+  faulthandler.dump_traceback_later(360, exit=True)  # a stuck collective: say where, then exit
   mesh = make_mesh(MeshConfig(data=int(sys.argv[2]), fsdp=int(sys.argv[3]),
                               tensor=int(sys.argv[4])))
   print(json.dumps({mode: compare(mode, mesh) for mode in sys.argv[1].split(",")}))
