@@ -13,10 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
 from jax_ppo.core import KLControllerState
+from jax_ppo.trainer.config import PPOConfig
+from jax_ppo.trainer.optim import kl_controller
 
 Array = jax.Array
 
@@ -69,3 +72,26 @@ class FrozenParams(struct.PyTreeNode):
   ref: nnx.State | None
   value_rest: nnx.State | None
   reward: nnx.State | None
+
+
+def init_train_state(
+    config: PPOConfig,
+    optimizer: optax.GradientTransformation,
+    *,
+    policy: nnx.State,
+    value: nnx.State | None,
+    rng: Array,
+) -> TrainState:
+  """A fresh `TrainState` (step 0) for the trainable policy (and critic) variables."""
+  params = {"policy": policy, "value": value}
+  return TrainState(
+      policy=policy,
+      value=value,
+      opt_state=optimizer.init(params),
+      kl=kl_controller(config).init(),
+      rng=rng,
+      step=jnp.zeros((), jnp.int32),
+      opt_steps=jnp.zeros((), jnp.int32),
+      episode=jnp.zeros((), jnp.int32),
+      lr_scale=jnp.ones((), jnp.float32),
+  )

@@ -46,7 +46,7 @@ from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
-from jax_ppo.trainer.state import FrozenParams, TrainState
+from jax_ppo.trainer.state import FrozenParams, TrainState, init_train_state
 
 Array = jax.Array
 
@@ -579,29 +579,6 @@ class PPOSteps:
         state, coefs, metrics, ran, stopped, exp_metrics["objective/kl"], fresh=True
     )
     return state, batch, exp_metrics, update_metrics
-
-
-def init_train_state(
-    config: PPOConfig,
-    optimizer: optax.GradientTransformation,
-    *,
-    policy: nnx.State,
-    value: nnx.State | None,
-    rng: Array,
-) -> TrainState:
-  """A fresh `TrainState` (step 0) for the trainable policy (and critic) variables."""
-  params = {"policy": policy, "value": value}
-  return TrainState(
-      policy=policy,
-      value=value,
-      opt_state=optimizer.init(params),
-      kl=kl_controller(config).init(),
-      rng=rng,
-      step=jnp.zeros((), jnp.int32),
-      opt_steps=jnp.zeros((), jnp.int32),
-      episode=jnp.zeros((), jnp.int32),
-      lr_scale=jnp.ones((), jnp.float32),
-  )
 
 
 __all__ = [
