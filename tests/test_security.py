@@ -5,8 +5,9 @@
    `yaml.load`); `trust_remote_code` is never enabled and every `transformers` `Auto*` loader
    says `trust_remote_code=False`; nothing runs a command or evaluates text (no `subprocess`,
    `os.system`/`popen`/`exec*`/`spawn*`, `shell=True`, `eval`, `exec`, `compile`, `__import__`);
-   the one `importlib.import_module` is the reward-function loader. The scanner is itself tested
-   on snippets, so a violation cannot slip through a scanner that sees nothing.
+   the one `importlib.import_module` is the reward-function loader, and the one `subprocess` is
+   `parallel.selfcheck.run_processes`, which starts copies of its own module. The scanner is
+   itself tested on snippets, so a violation cannot slip through a scanner that sees nothing.
 2. `package.module:function` rewards import only the module the user named: nothing in the spec
    is evaluated, no other module is imported, standard-library and jax_ppo modules (`os:system`,
    `subprocess:run`, `builtins:eval`) and functions merely re-exported by the module are refused,
@@ -40,6 +41,9 @@ FORBIDDEN_OS = {"system", "popen", "startfile", "execl", "execle", "execlp", "ex
 UNSAFE_YAML = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load", "full_load_all"}
 IMPORT_MODULE_ALLOWED = {("trainer/reward_specs.py", "import_reward_function")}
 """The only (file, function) allowed to call importlib.import_module."""
+SUBPROCESS_ALLOWED = {("parallel/selfcheck.py", "run_processes")}
+"""The only (file, function) allowed to import subprocess: it starts copies of its own module
+(`python -m jax_ppo.parallel.selfcheck`, fixed arguments, no shell) for the multi-process check."""
 
 
 def _dotted(node: ast.AST) -> str:
@@ -79,7 +83,9 @@ def violations(source: str, filename: str = "<snippet>") -> list[str]:
     def visit_Import(self, node):
       for alias in node.names:
         top = alias.name.partition(".")[0]
-        if top in FORBIDDEN_MODULES:
+        allowed = (alias.name == "subprocess"
+                   and (filename, functions[-1] if functions else "") in SUBPROCESS_ALLOWED)
+        if top in FORBIDDEN_MODULES and not allowed:
           report(node, f"import {alias.name}")
       self.generic_visit(node)
 
@@ -218,6 +224,10 @@ def test_the_scanner_passes_safe_code():
       evaluate(x)
   """)
   assert violations(safe) == []
+  launcher = "def run_processes():\n  import subprocess\n  return subprocess"
+  assert violations(launcher, "parallel/selfcheck.py") == []
+  assert violations(launcher, "parallel/other.py") != []
+  assert violations("import subprocess", "parallel/selfcheck.py") != []
   allowed = "import importlib\ndef import_reward_function(s):\n  return importlib.import_module(s)"
   assert violations(allowed, "trainer/reward_specs.py") == []
   assert violations(allowed, "trainer/other.py") != []

@@ -229,12 +229,6 @@ def main(argv=None) -> dict:
   if cache_dir is not None:
     enable_compilation_cache(cache_dir)
   results = {"jax_ppo": run_jax(args, shape)}
-  import device_peaks  # MFU against the card's datasheet peak (None on a CPU)
-
-  r = results["jax_ppo"]
-  r["accelerator"] = device_peaks.utilisation(
-      jax.devices()[0].device_kind, dtype="float32",
-      flops_per_s=r["mfu"] * r["matmul_peak_gflops"] * 1e9)
   if args.first_update_only:
     if args.json:
       with open(args.json, "w") as f:
@@ -247,6 +241,12 @@ def main(argv=None) -> dict:
     results["jax_ppo"]["cache_entries"] = len(os.listdir(cache_dir))
   if fresh_cache:
     shutil.rmtree(cache_dir, ignore_errors=True)
+  import device_peaks  # MFU against the card's datasheet peak (None on a CPU)
+
+  r = results["jax_ppo"]
+  r["accelerator"] = device_peaks.utilisation(
+      jax.devices()[0].device_kind, dtype="float32",
+      flops_per_s=r["mfu"] * r["matmul_peak_gflops"] * 1e9)
   trl = run_trl(args)
   if trl is not None:
     results["trl"] = trl

@@ -24,7 +24,6 @@ import functools
 import os
 import pathlib
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -241,6 +240,8 @@ def run_processes(num_processes: int = 2, devices_per_process: int = 4, *,
   Returns:
     Process 0's `UpdateResult` (parameters gathered from every process).
   """
+  import subprocess  # the one launcher in the package (tests/test_security.py allows it here)
+
   size = {**DEFAULT_SIZE, **(size or {})}
   port = free_port()
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COORDINATOR")}

@@ -19,11 +19,11 @@ CONFIG = PPOConfig(
 )
 
 
-def prompts(n=32, seed=0):
+def prompts(n=32, seed=0, vocab_size=MODEL.vocab_size):
   """`n` random prompts of 2-5 tokens (ids 3.. so none is PAD, BOS or EOS)."""
   rng = np.random.default_rng(seed)
   return PromptDataset(
-      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
+      [list(rng.integers(3, vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
       seed=seed,
   )
 

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.models import PadTokenError  # noqa: E402
-from jax_ppo.trainer import run  # noqa: E402
+from jax_ppo.trainer import PPOConfig, run  # noqa: E402
 
 WORDS = "the movie was good bad very fun dull plot and it".split()
 EOT = "<|endoftext|>"
@@ -46,7 +46,7 @@ def _config(root, **kwargs):
   return run.RunConfig(
       policy_path=str(root / "policy"), reward_model_path=str(root / "reward"),
       prompts_path=str(root / "prompts.txt"), run_dir=str(root / kwargs.pop("name", "run")),
-      progress=False, tensorboard=False, ppo=run.PPOConfig(**ppo), **kwargs,
+      progress=False, tensorboard=False, ppo=PPOConfig(**ppo), **kwargs,
   )
 
 

@@ -111,7 +111,7 @@ def test_rewards_from_the_command_line(files):  # noqa: F811
   ])
   assert config.rewards == (run.RewardSource(function="length", weight=2.0),
                             run.RewardSource(model_path="rm", weight=0.5, name="rm"))
-  with pytest.raises(ValueError, match=r"rewards\[0\]"):
+  with pytest.raises(ValueError, match=r"'rewards\.0\.functoin'.*Did you mean 'function'"):
     run.load_run_config([str(files / "run.yaml"), "reward_function=null",
                          "rewards=[{functoin: length}]"])
 

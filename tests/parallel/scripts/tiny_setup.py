@@ -1,12 +1,13 @@
 """A tiny model, config and prompts shared by the multi-device scripts (imported by them)."""
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from jax_ppo.data import PromptDataset
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.transformer import CausalLM
+from tests.trainer import conftest as trainer_conftest
+from tests.trainer.conftest import count_target  # noqa: F401  (re-exported to the scripts)
 
 EOS, PAD, TARGET = 2, 0, 7
 # Every sharded dimension divides 2: D = 32 (fsdp), H*Dh = 32, K*Dh = 16, F = 64, V = 64 (tensor).
@@ -21,15 +22,7 @@ def policy(seed: int = 0) -> CausalLM:
 
 
 def prompts(n: int = 16, seed: int = 0) -> PromptDataset:
-  rng = np.random.default_rng(seed)
-  return PromptDataset(
-      [list(rng.integers(3, MODEL.vocab_size, size=int(rng.integers(2, 6)))) for _ in range(n)],
-      seed=seed,
-  )
-
-
-def count_target(prompt_ids, prompt_mask, response_ids, response_mask):
-  return jnp.sum((response_ids == TARGET) & response_mask, axis=1).astype(jnp.float32)
+  return trainer_conftest.prompts(n, seed, vocab_size=MODEL.vocab_size)
 
 
 def max_abs_diff(a, b) -> float:
