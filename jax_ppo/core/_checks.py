@@ -37,6 +37,15 @@ def check_same_shape(**arrays) -> None:
     raise ValueError(f"Shapes must match: {listing}.")
 
 
+def check_per_token(name: str, x, layout: str, token_name: str, tokens) -> None:
+  """Raises unless `x`'s leading `[B, T]` equals the shape of the `[B, T]` array `tokens`."""
+  if shape_of(x)[:2] != shape_of(tokens):
+    raise ValueError(
+        f"`{name}` {layout} and `{token_name}` [B, T] disagree: `{name}` {shape_of(x)}, "
+        f"`{token_name}` {shape_of(tokens)}."
+    )
+
+
 def is_concrete(x) -> bool:
   """True for Python numbers and non-traced arrays, whose value can be checked now."""
   return not isinstance(x, jax.core.Tracer)

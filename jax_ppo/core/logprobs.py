@@ -40,11 +40,7 @@ def gather_logprobs(logits: Array, tokens: Array, temperature: float | Array = 1
     `[B, T]` float32 log-probabilities.
   """
   _checks.check_rank("tokens", tokens, 2, "[B, T]")
-  if _checks.shape_of(logits)[:2] != _checks.shape_of(tokens):
-    raise ValueError(
-        f"`logits` [B, T, V] and `tokens` [B, T] disagree: `logits` {_checks.shape_of(logits)}, "
-        f"`tokens` {_checks.shape_of(tokens)}."
-    )
+  _checks.check_per_token("logits", logits, "[B, T, V]", "tokens", tokens)
   z = _scaled_logits(logits, temperature)
   picked = jnp.take_along_axis(z, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
   return picked - jax.nn.logsumexp(z, axis=-1)
@@ -112,11 +108,7 @@ def chunked_logprobs(
   """
   _checks.check_rank("hidden", hidden, 3, "[B, T, D]")
   _checks.check_rank("tokens", tokens, 2, "[B, T]")
-  if _checks.shape_of(hidden)[:2] != _checks.shape_of(tokens):
-    raise ValueError(
-        f"`hidden` [B, T, D] and `tokens` [B, T] disagree: `hidden` {_checks.shape_of(hidden)}, "
-        f"`tokens` {_checks.shape_of(tokens)}."
-    )
+  _checks.check_per_token("hidden", hidden, "[B, T, D]", "tokens", tokens)
   if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
     raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}.")
   if entropy not in ("grad", "no_grad", None):

@@ -190,10 +190,6 @@ def entropy_bonus(
   """
   _checks.check_rank("logits", logits, 3, "[B, T, V]")
   _checks.check_rank("mask", mask, 2, "[B, T]")
-  if _checks.shape_of(logits)[:2] != _checks.shape_of(mask):
-    raise ValueError(
-        f"`logits` [B, T, V] and `mask` [B, T] disagree: `logits` {_checks.shape_of(logits)}, "
-        f"`mask` {_checks.shape_of(mask)}."
-    )
+  _checks.check_per_token("logits", logits, "[B, T, V]", "mask", mask)
   entropy = aggregate_loss(entropy_from_logits(logits, temperature), mask, reduction)
   return entropy, {"entropy": entropy}
