@@ -20,6 +20,11 @@ two compiled functions:
   forward passes of `experience` are not run a second time. Same results as `experience`
   followed by `update`, up to float summation order.
 
+With the reference on a sub-mesh of its own (`jax_ppo.trainer.roles`), `reference_logprobs` is
+compiled apart on that mesh and `experience` / `experience_update` take its result as a fifth
+argument `ref_logprobs [B, T]` instead of running the reference forward pass; with four
+arguments they are the programs above, unchanged.
+
 Non-finite updates: an optimizer step whose loss or gradient holds a NaN or an inf is skipped
 inside the compiled step (parameters and optimizer state unchanged, bit for bit) and counted in
 the `skipped_updates` metric; the run loop stops after `PPOConfig.max_consecutive_skips`
