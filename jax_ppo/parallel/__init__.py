@@ -21,6 +21,10 @@ Public API (everything a run needs; see each module for details):
   `jax.distributed` (`jax_ppo.parallel.distributed`); `selfcheck`: the same tiny PPO update on
   one device, a mesh and several processes (`experiments/scale_check.py`).
 
+* `PlacementConfig`, `RoleMesh`, `make_placement` and `Placement`: the reference and the reward
+  model on sub-meshes of their own, or sharing the policy's (`jax_ppo.parallel.placement`;
+  `RunConfig.placement`, `PPOTrainer(..., placement=...)`).
+
 Runs take the mesh from `RunConfig.mesh` (`jax-ppo train ... mesh.fsdp=2`), `PPOTrainer(...,
 mesh=mesh)` places the policy, reference, critic and reward model on the same mesh (a LoRA
 policy's reference is its own base weights: one copy), and `from_pretrained(path, mesh=mesh)`
@@ -32,6 +36,7 @@ they equal the single-device values (`tests/parallel`).
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.jit import MeshJit, shardings_for
 from jax_ppo.parallel.mesh import AXES, BATCH_AXES, MeshConfig, batch_axis_size, make_mesh
+from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh, make_placement
 from jax_ppo.parallel.rules import (
     MESH_RULES,
     PARAM_AXES,
@@ -54,12 +59,16 @@ __all__ = [
     "PARAM_AXES",
     "MeshConfig",
     "MeshJit",
+    "Placement",
+    "PlacementConfig",
+    "RoleMesh",
     "batch_axis_size",
     "batch_shardings",
     "batch_spec",
     "cache_shardings",
     "logical_axes",
     "make_mesh",
+    "make_placement",
     "param_shardings",
     "partition_spec",
     "replicated",

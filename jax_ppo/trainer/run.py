@@ -40,7 +40,7 @@ from jax_ppo.models import (
     set_remat,
     value_model_from_reward_model,
 )
-from jax_ppo.parallel.mesh import make_mesh
+from jax_ppo.parallel.placement import make_placement
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.presets import check_against_guide
 from jax_ppo.trainer.reward_specs import (
@@ -175,7 +175,9 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
-  mesh = None if config.mesh is None else make_mesh(config.mesh)
+  placement = None if config.mesh is None else make_placement(config.placement, config.mesh)
+  mesh = None if placement is None else placement.policy
+  reward_mesh = None if placement is None else placement.reward  # reward models load there
   policy_eos = load_config(config.policy_path).eos_token_ids
   # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
   tokenizer = load_tokenizer(
@@ -205,7 +207,7 @@ def build_trainer(
   first_model = None  # (reward model, scorer) of the first reward model: the critic's start
   if config.reward_model_path is not None:
     first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype,
-                                       mesh)
+                                       reward_mesh)
     scorer = first_model[1]
   elif config.reward_function is not None:
     scorer = reward_function(config.reward_function, tokenizer)
@@ -214,7 +216,7 @@ def build_trainer(
     for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
       if source.model_path is not None:
         _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
-        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype, mesh)
+        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype, reward_mesh)
         first_model = first_model or pair
         sub = pair[1]
       else:
@@ -245,7 +247,7 @@ def build_trainer(
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
-      run_config=config, mesh=mesh,
+      run_config=config, mesh=mesh, placement=placement,
   )
 
 

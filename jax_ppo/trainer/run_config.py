@@ -27,6 +27,7 @@ from jax_ppo.config_io import (
 from jax_ppo.models import REMAT_POLICIES, LoRAConfig
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
+from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.monitor import MonitorConfig
 from jax_ppo.trainer.presets import PRESETS, preset_overrides
@@ -45,7 +46,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
     "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
-    "rollback_lr_factor", "max_rollbacks", "monitor", "remat", "mesh", "distributed",
+    "rollback_lr_factor", "max_rollbacks", "monitor", "remat", "mesh", "placement", "distributed",
     "compilation_cache_dir",
 )
 """`RunConfig` fields that may change between invocations of one run (they do not change what
@@ -141,6 +142,15 @@ class RunConfig:
   """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), e.g.
   `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices; None: one device.
   A run may resume on another mesh (checkpoints restore into the new shardings)."""
+  placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
+  """Where the frozen roles live (`jax_ppo.parallel.placement`): by default the reference and
+  the reward model share the policy's mesh. `placement.reference` and `placement.reward` may
+  each be `{devices: [start, stop), mesh: {...}}`, a slice of `jax.devices()` the policy does
+  not use with its own mesh sizes (the same slice for both: they share it); their forward passes
+  then run as their own programs there, rollout tokens going to them and log-probs / scores
+  coming back by explicit transfers. `placement.policy_devices`: the policy's slice (default:
+  every device no split role uses). Needs `mesh`; a LoRA policy keeps its reference shared (its
+  base weights, one copy)."""
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   """Multi-host set-up (`jax_ppo.parallel.distributed`): "auto" joins a multi-process job when
   the environment or `distributed.coordinator_address` describes one (e.g.
@@ -187,6 +197,7 @@ class RunConfig:
     if not isinstance(self.resize_embeddings, bool):
       bad("resize_embeddings", "use true or false")
     check_cache_setting(self.compilation_cache_dir, field="RunConfig.compilation_cache_dir")
+    self._check_placement()
     if self.updates_per_run is not None and (
         not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
       bad("updates_per_run", "use an int >= 1 or null")
@@ -194,6 +205,26 @@ class RunConfig:
       self.run_options()
     except ValueError as e:
       raise ValueError(str(e).replace("RunOptions.", "RunConfig.")) from None
+
+  def _check_placement(self) -> None:
+    p = self.placement
+    if not isinstance(p, PlacementConfig):
+      raise ValueError(f"RunConfig.placement={p!r} is invalid: give a mapping of "
+                       "policy_devices, reference and reward (jax_ppo.parallel.PlacementConfig).")
+    for role in p.split_roles:
+      if self.mesh is None:
+        raise ValueError(f"RunConfig.placement.{role} gives the {role} its own devices, but "
+                         "RunConfig.mesh is null (one device); set mesh (e.g. mesh.data=-1 for "
+                         f"the policy's devices) or set placement.{role} to null.")
+    if p.reference is not None and self.lora is not None:
+      raise ValueError("RunConfig.placement.reference must be null with lora: a LoRA policy's "
+                       "reference is its own base weights with the adapters off (one copy on "
+                       "the policy's mesh); remove placement.reference.")
+    if p.reward is not None and not (self.reward_model_path is not None
+                                     or any(r.model_path is not None for r in self.rewards)):
+      raise ValueError("RunConfig.placement.reward gives the reward model its own devices, but "
+                       "the run has no reward model (reward_function / function rewards have no "
+                       "weights to place); remove placement.reward.")
 
   def run_options(self) -> RunOptions:
     """The trainer's `RunOptions` for this run."""

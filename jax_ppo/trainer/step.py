@@ -20,6 +20,11 @@ two compiled functions:
   forward passes of `experience` are not run a second time. Same results as `experience`
   followed by `update`, up to float summation order.
 
+With the reference on a sub-mesh of its own (`jax_ppo.trainer.roles`), `reference_logprobs` is
+compiled apart on that mesh and `experience` / `experience_update` take its result as a fifth
+argument `ref_logprobs [B, T]` instead of running the reference forward pass; with four
+arguments they are the programs above, unchanged.
+
 Non-finite updates: an optimizer step whose loss or gradient holds a NaN or an inf is skipped
 inside the compiled step (parameters and optimizer state unchanged, bit for bit) and counted in
 the `skipped_updates` metric; the run loop stops after `PPOConfig.max_consecutive_skips`
@@ -36,7 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx, struct
+from flax import nnx
 from jax.sharding import Mesh
 
 from jax_ppo import core
@@ -44,54 +49,12 @@ from jax_ppo.parallel.jit import ppo_step_jits
 from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
+from jax_ppo.trainer.batch import Batch, process_scores
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer
 from jax_ppo.trainer.state import FrozenParams, TrainState, init_train_state
 
 Array = jax.Array
-
-
-class Batch(struct.PyTreeNode):
-  """One rollout batch ready for training (`B` rows, `S` prompt and `T` response slots).
-
-  Attributes:
-    input_ids: `[B, S + T]` prompt then response ids.
-    attention_mask: `[B, S + T]` int32.
-    positions: `[B, S + T]` int32 position ids.
-    response_ids: `[B, T]`.
-    response_mask: `[B, T]` bool.
-    old_logprobs: `[B, T]` behaviour log-probs (teacher-forced at rollout time).
-    ref_logprobs: `[B, T]` reference log-probs.
-    old_values: `[B, T]` critic values at rollout time (0 without a critic).
-    advantages: `[B, T]` (whitened where configured).
-    returns: `[B, T]` critic targets (0 without a critic).
-  """
-
-  input_ids: Array
-  attention_mask: Array
-  positions: Array
-  response_ids: Array
-  response_mask: Array
-  old_logprobs: Array
-  ref_logprobs: Array
-  old_values: Array
-  advantages: Array
-  returns: Array
-
-
-def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
-  """Reward-model scores -> training scores `[B]` (items 7 and 16).
-
-  `clip((raw - shift) * scale, ±reward_clip) - length_penalty * length`, then the missing-EOS
-  penalty replaces the score of responses without a stop token.
-  """
-  s = (jnp.asarray(raw_scores, jnp.float32) - config.reward_shift) * config.reward_scale
-  if config.reward_clip is not None:
-    s = jnp.clip(s, -config.reward_clip, config.reward_clip)
-  s = s - config.length_penalty * rollout.response_lengths.astype(jnp.float32)
-  if config.missing_eos_penalty is not None and config.stop_token_ids:
-    s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
-  return s
 
 
 class PPOSteps:
@@ -225,12 +188,31 @@ class PPOSteps:
     )
 
   def _experience(
-      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
+      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array,
+      ref_logprobs: Array | None = None,
   ) -> tuple[Batch, dict[str, Array]]:
     view = self._view(rollout)
     # Old log-probs (and values): a teacher-forced pass with the training numerics (item 4).
     behaviour = self._outputs(state.params, frozen, view)
-    return self._experience_from(state, frozen, rollout, raw_scores, view, behaviour)
+    return self._experience_from(state, frozen, rollout, raw_scores, view, behaviour,
+                                 ref_logprobs)
+
+  def reference_logprobs(self, policy: nnx.State | None, frozen: FrozenParams,
+                         rollout: Rollout | Batch) -> Array:
+    """Reference log-probs `[B, T]` float32 of the response tokens (0 on padding), at the
+    sampling temperature: the base weights with the adapters off for a LoRA policy (`policy`:
+    its trainable variables), else `frozen.ref` (`policy` unused). `experience` computes them
+    inside its program; `jax_ppo.trainer.roles` runs this as its own program on the
+    reference's devices and passes the result as `ref_logprobs`."""
+    view = self._view(rollout) if isinstance(rollout, Rollout) else rollout
+    if self.lora:
+      ref_model = self._policy(policy, frozen)
+      ref_h, _ = self._forward(ref_model, view, use_lora=False)
+    else:
+      ref_model = self._policy(frozen.ref, frozen)
+      ref_h, _ = self._forward(ref_model, view)
+    ref_logprobs, _ = self._token_logprobs(ref_model, ref_h, view.response_ids, entropy=None)
+    return jnp.where(view.response_mask, ref_logprobs, 0.0)
 
   def _experience_from(
       self,
@@ -240,21 +222,18 @@ class PPOSteps:
       raw_scores: Array,
       view: Batch,
       behaviour: dict[str, Array],
+      ref_logprobs: Array | None = None,
   ) -> tuple[Batch, dict[str, Array]]:
-    """The training batch and its metrics, given the behaviour policy's `_outputs` on `view`."""
+    """The training batch and its metrics, given the behaviour policy's `_outputs` on `view`
+    (and the reference log-probs when they were computed elsewhere)."""
     c = self.config
     mask = rollout.response_mask
     scores = process_scores(c, raw_scores, rollout)
     old_logprobs = jnp.where(mask, behaviour["logprobs"], 0.0)  # item 9: padding: ratio 1, KL 0
-    if self.lora:
-      ref_model = self._policy(state.policy, frozen)
-      ref_h, _ = self._forward(ref_model, view, use_lora=False)
+    if ref_logprobs is None:
+      ref_logprobs = self.reference_logprobs(state.policy, frozen, view)
     else:
-      ref_model = self._policy(frozen.ref, frozen)
-      ref_h, _ = self._forward(ref_model, view)
-    ref_logprobs, _ = self._token_logprobs(ref_model, ref_h, view.response_ids, entropy=None)
-    ref_logprobs = jnp.where(mask, ref_logprobs, 0.0)
-    del ref_h
+      ref_logprobs = jnp.where(mask, ref_logprobs, 0.0)
 
     kl = jnp.where(mask, core.kl_penalty(old_logprobs, ref_logprobs, estimator=c.kl_estimator), 0.0)
     beta = state.kl.coef
@@ -535,7 +514,8 @@ class PPOSteps:
     return self._summary(state, coefs, metrics, ran, stopped, seq_kl_mean, fresh=fresh)
 
   def _experience_update(
-      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array
+      self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array,
+      ref_logprobs: Array | None = None,
   ) -> tuple[TrainState, Batch, dict[str, Array], dict[str, Array]]:
     """`experience` then `update` in one program, sharing the first epoch's forward pass.
 
@@ -555,7 +535,7 @@ class PPOSteps:
     view = self._view(rollout)
     behaviour, pullback = jax.vjp(lambda p: self._outputs(p, frozen, view), state.params)
     batch, exp_metrics = self._experience_from(
-        state, frozen, rollout, raw_scores, view, behaviour
+        state, frozen, rollout, raw_scores, view, behaviour, ref_logprobs
     )
     self._check_batch_size(batch)
     coefs = self._coefficients(state)

@@ -66,6 +66,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.placement import Placement
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
@@ -88,6 +89,7 @@ from jax_ppo.trainer.rewards import (
     TokenScorer,
     decode_rollout,
 )
+from jax_ppo.trainer.roles import place_frozen, placed_steps, resolve_placement, score
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
 
@@ -151,6 +153,9 @@ class PPOTrainer(RunStage):
       being its own base weights), and the steps and the sampler are compiled with explicit
       shardings. Checkpoints restore into these shardings whatever mesh wrote them. None: one
       device, as without the argument.
+    placement: where each role lives (`jax_ppo.parallel.placement.make_placement`): the
+      reference and the reward model may get sub-meshes of their own (`jax_ppo.trainer.roles`);
+      its `policy` mesh is the trainer's mesh. None: every role on `mesh`.
 
   Call `close()` (or use the trainer as a context manager) to flush the logs and wait for the
   last checkpoint.
@@ -171,9 +176,11 @@ class PPOTrainer(RunStage):
       run_options: RunOptions | None = None,
       run_config: Any = None,
       mesh: Mesh | None = None,
+      placement: Placement | None = None,
   ):
     self.config = c = config
-    self.mesh = mesh
+    self.placement = resolve_placement(mesh, placement)
+    self.mesh = mesh = None if self.placement is None else self.placement.policy
     self.dataset = prompts
     self.tokenizer = tokenizer
     self.scorer = _as_scorer(reward, tokenizer)
@@ -200,11 +207,9 @@ class PPOTrainer(RunStage):
         reward=getattr(self.scorer, "state", None),
     )
     if mesh is not None:
-      self.frozen = shard_params(self.frozen, mesh)
-      if self.frozen.reward is not None:
-        self.scorer.state = self.frozen.reward
+      self.frozen = place_frozen(self.frozen, self.placement, self.scorer)
     self.optimizer, self.schedule = make_optimizer(c)
-    self.steps = PPOSteps(
+    self.steps = placed_steps(PPOSteps(
         c,
         policy_graphdef=self.policy_graphdef,
         value_graphdef=value_graphdef,
@@ -213,7 +218,7 @@ class PPOTrainer(RunStage):
         optimizer=self.optimizer,
         schedule=self.schedule,
         mesh=mesh,
-    )
+    ), self.placement)
     state = init_train_state(
         c, self.optimizer, policy=policy_params, value=value_params,
         rng=jax.random.PRNGKey(c.seed),
@@ -367,7 +372,7 @@ class PPOTrainer(RunStage):
     jax.block_until_ready(rollout.response_ids)
     t_rollout = time.perf_counter()
 
-    raw_scores = self.scorer(rollout, self.frozen.reward)
+    raw_scores = score(self.placement, self.scorer, rollout, self.frozen.reward)
     jax.block_until_ready(raw_scores)
     t_score = time.perf_counter()
     if self.run.stop_requested:  # preempted: nothing has changed yet, leave the rest undone
@@ -503,7 +508,8 @@ class PPOTrainer(RunStage):
     for i, start in enumerate(range(0, len(prompts), chunk_size)):
       rollout = sampler(list(prompts[start:start + chunk_size]), jax.random.fold_in(key, i),
                         state=self.policy_state())
-      chunk_scores = np.asarray(self.scorer(rollout, self.frozen.reward), np.float64)
+      chunk_scores = np.asarray(score(self.placement, self.scorer, rollout, self.frozen.reward),
+                                np.float64)
       logprobs, ref_logprobs = jax.device_get(
           self._eval_logprobs(self.state.policy, self.frozen, rollout)
       )
