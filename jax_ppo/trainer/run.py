@@ -40,6 +40,7 @@ from jax_ppo.models import (
     set_remat,
     value_model_from_reward_model,
 )
+from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.presets import check_against_guide
@@ -377,8 +378,10 @@ def evaluate_run(
   }
   out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
       f"step_{step}.json")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  if is_main_process():  # (several processes: every one evaluated; process 0 writes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  barrier(f"evaluate_run {out}")
   return {**result, "out": str(out)}
 
 
@@ -386,6 +389,8 @@ def export_run(
     run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None
 ) -> tuple[pathlib.Path, int]:
   """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
+
+  Several processes: every process calls it; process 0 writes (`PPOTrainer.export`).
 
   Returns:
     `(folder, step)`.

@@ -1,0 +1,86 @@
+"""One process of the multi-process `jax-ppo train` test (test_multiprocess_train.py).
+
+Usage:
+  `multiprocess_train.py ROOT NAME` (one process, all its devices), or
+  `multiprocess_train.py ROOT NAME PORT NUM_PROCESSES PROCESS_ID` (one process of a job joined
+  through `jax.distributed` over 127.0.0.1).
+
+Runs the command line `jax-ppo train ROOT/config.yaml run_dir=ROOT/NAME ...` twice (2 updates,
+then the resume to `ppo.total_updates=3`), rebuilds a bare trainer on the final checkpoint,
+exports its policy to ROOT/NAME_export, and writes, from process 0, the trained parameters
+(gathered from every process) to ROOT/NAME_params.npz. Every process records (Python audit
+hook) each file it opened for writing, created, moved or deleted under ROOT/NAME and
+ROOT/NAME_export, and writes its findings to ROOT/NAME_processI.json.
+"""
+
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # tests/: tiny_hf_run
+
+ROOT = pathlib.Path(sys.argv[1]).resolve()
+NAME = sys.argv[2]
+WATCHED = (str(ROOT / NAME), str(ROOT / f"{NAME}_export"))
+WRITES: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple) -> None:
+  """Records file-system changes under the watched folders (`open` for writing, mkdir,
+  rename/replace, remove, rmdir, rmtree)."""
+  if event == "open":
+    path, mode, flags = args
+    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+        mode is None and isinstance(flags, int) and flags & 0o3)
+    paths = [path] if writing else []
+  elif event in ("os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree"):
+    paths = [args[0]]
+  elif event == "os.rename":
+    paths = [args[0], args[1]]
+  else:
+    return
+  for p in paths:
+    if isinstance(p, bytes | str | pathlib.Path) and str(p).startswith(WATCHED):
+      WRITES.append([event, str(p)])
+
+
+sys.addaudithook(_audit)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jax_ppo.cli import main as cli  # noqa: E402
+from jax_ppo.trainer.run import build_trainer, saved_run_config  # noqa: E402
+
+
+def main() -> None:
+  argv = ["train", str(ROOT / "config.yaml"), f"run_dir={ROOT / NAME}"]
+  pid = 0
+  if len(sys.argv) > 3:
+    port, count, pid = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    argv += [f"distributed.coordinator_address=127.0.0.1:{port}",
+             f"distributed.num_processes={count}", f"distributed.process_id={pid}",
+             "distributed.initialization_timeout=120"]
+  codes = [cli([*argv, "updates_per_run=2"]), cli(argv)]  # 2 updates, then the resume
+  config = saved_run_config(ROOT / NAME)
+  trainer = build_trainer(config, open_run=False)
+  step = trainer.load_checkpoint(ROOT / NAME)
+  params = trainer.state.params
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+
+    params = multihost_utils.process_allgather(params, tiled=True)
+  flat = {jax.tree_util.keystr(p): np.asarray(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  trainer.export(ROOT / f"{NAME}_export")
+  if jax.process_index() == 0:
+    np.savez(ROOT / f"{NAME}_params.npz", **flat)
+  result = {"process": jax.process_index(), "processes": jax.process_count(),
+            "devices": jax.device_count(), "codes": codes, "step": step, "writes": WRITES}
+  (ROOT / f"{NAME}_process{pid}.json").write_text(json.dumps(result))
+  if jax.process_count() > 1:
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+  main()
