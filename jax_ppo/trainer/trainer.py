@@ -36,6 +36,10 @@ the compiled step (state unchanged) and counted in `skipped_updates` (replayed b
 included); after `PPOConfig.max_consecutive_skips` consecutive updates with skips, `train()`
 raises `NonFiniteUpdates` naming likely causes and the last checkpoint before the skips.
 
+Several processes (a multi-host job, `jax_ppo.parallel.distributed`; a mesh is required): each
+process reads, pads and places only its own rows of every prompt batch, host-side rewards score
+only those rows (`jax_ppo.trainer.host_data`), process 0 alone writes logs, samples and exports.
+
 Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
 checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
 forgets the updates after the restored step, and training continues from there (at most

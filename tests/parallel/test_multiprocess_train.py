@@ -60,6 +60,10 @@ def test_two_processes_train_resume_and_export_like_one(runs):
       r = _result(root, name, pid)
       assert r["codes"] == [0, 0] and r["step"] == 3 and r["devices"] == 8
       assert r["processes"] == len(pids) and r["process"] == pid
+      # Each process read only its rows of each batch of 4 prompts (x 2 samples): with fsdp=4
+      # over both processes' devices, process i holds prompts [2i, 2i + 2) (shard i of 2).
+      shard = [None, None, 4] if name == "one" else [pid, 2, 2]
+      assert r["batches"] == [[position, 4, *shard] for position in range(3)]
   # The trained parameters agree (the same SPMD program, over gloo instead of in-process).
   one, two = np.load(root / "one_params.npz"), np.load(root / "two_params.npz")
   assert sorted(one.files) == sorted(two.files) and len(one.files) > 10

@@ -10,7 +10,8 @@ then the resume to `ppo.total_updates=3`), rebuilds a bare trainer on the final 
 exports its policy to ROOT/NAME_export, and writes, from process 0, the trained parameters
 (gathered from every process) to ROOT/NAME_params.npz. Every process records (Python audit
 hook) each file it opened for writing, created, moved or deleted under ROOT/NAME and
-ROOT/NAME_export, and writes its findings to ROOT/NAME_processI.json.
+ROOT/NAME_export, and writes its findings to ROOT/NAME_processI.json, with the prompt batches
+it read (`PromptDataset.batch`: position, batch size, shard index and count, rows).
 """
 
 import json
@@ -50,7 +51,22 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jax_ppo.cli import main as cli  # noqa: E402
+from jax_ppo.data.prompts import PromptDataset  # noqa: E402
 from jax_ppo.trainer.run import build_trainer, saved_run_config  # noqa: E402
+
+BATCHES: list[list] = []
+_batch = PromptDataset.batch
+
+
+def _recorded_batch(self, position, batch_size, *, shard=None):
+  """`PromptDataset.batch`, recording `[position, batch_size, shard index, shard count, rows]`."""
+  prompts, texts = _batch(self, position, batch_size, shard=shard)
+  BATCHES.append([position, batch_size, None if shard is None else shard.shard_index,
+                  None if shard is None else shard.shard_count, len(prompts)])
+  return prompts, texts
+
+
+PromptDataset.batch = _recorded_batch
 
 
 def main() -> None:
@@ -76,7 +92,8 @@ def main() -> None:
   if jax.process_index() == 0:
     np.savez(ROOT / f"{NAME}_params.npz", **flat)
   result = {"process": jax.process_index(), "processes": jax.process_count(),
-            "devices": jax.device_count(), "codes": codes, "step": step, "writes": WRITES}
+            "devices": jax.device_count(), "codes": codes, "step": step, "writes": WRITES,
+            "batches": BATCHES}
   (ROOT / f"{NAME}_process{pid}.json").write_text(json.dumps(result))
   if jax.process_count() > 1:
     jax.distributed.shutdown()
