@@ -80,3 +80,14 @@ def test_micro_batches_are_refused(mesh):
   with pytest.raises(ValueError, match=r"micro-batches of 2 \(memory_budget_bytes\)"):
     host_data.sample_local_prompts(sampler, PromptDataset([[3, 4]] * 4), 0, 4,
                                    jax.random.PRNGKey(0), state=sampler.state, mesh=mesh)
+
+
+def test_host_array_and_barrier_on_one_process():
+  from jax_ppo.parallel.distributed import barrier, host_array
+
+  x = jax.numpy.arange(6.0).reshape(2, 3)
+  out = host_array(x)
+  assert isinstance(out, np.ndarray)
+  np.testing.assert_array_equal(out, np.arange(6.0).reshape(2, 3))
+  np.testing.assert_array_equal(host_array([1, 2]), np.array([1, 2]))
+  barrier("a barrier of one process returns at once")
