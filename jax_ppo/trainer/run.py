@@ -327,6 +327,9 @@ def evaluate_run(
     `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
     "samples", "out"}` (also the content of `out`, without "out"); each sample is
     `{prompt_index, prompt, response, reward, length, kl}`.
+
+  Several processes (called by every process of a job that joined `jax.distributed`): every
+  process samples and scores, each gathering the scores and samples; process 0 writes `out`.
   """
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f"--n={n!r} is invalid: give the number of samples per prompt (>= 1).")

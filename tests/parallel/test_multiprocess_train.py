@@ -83,6 +83,14 @@ def test_two_processes_train_resume_and_export_like_one(runs):
   for a, b in zip(*samples, strict=True):
     assert {**b, "reward": None} == {**a, "reward": None}
     assert b["reward"] == pytest.approx(a["reward"], abs=1e-4)
+  # The greedy evaluation of the final checkpoint gives the same samples and metrics.
+  evals = [json.loads((root / name / "eval" / "step_3.json").read_text())
+           for name in ("one", "two")]
+  responses = [[s["response"] for s in e["samples"]] for e in evals]
+  assert responses[1] == responses[0]
+  assert len(evals[0]["samples"]) == 8
+  for key, value in evals[0]["metrics"].items():
+    assert evals[1]["metrics"][key] == pytest.approx(value, abs=1e-4), key
   # The exported models are the same.
   exported = [safetensors.numpy.load_file(root / f"{name}_export" / "model.safetensors")
               for name in ("one", "two")]
@@ -99,7 +107,7 @@ def test_only_process_zero_writes_files(runs):
   assert outside_checkpoints == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}
   # (safetensors and tokenizers write from Rust, unseen by the audit hook)
-  for path in ("two/metrics.jsonl", "two/samples.jsonl", "two/config.yaml",
+  for path in ("two/metrics.jsonl", "two/samples.jsonl", "two/config.yaml", "two/eval/step_3.json",
                "two_export/config.json", "two_export/generation_config.json",
                "two_export/tokenizer_config.json"):
     assert path in written, (path, sorted(written))

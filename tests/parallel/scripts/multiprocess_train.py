@@ -7,7 +7,8 @@ Usage:
 
 Runs the command line `jax-ppo train ROOT/config.yaml run_dir=ROOT/NAME ...` twice (2 updates,
 then the resume to `ppo.total_updates=3`), rebuilds a bare trainer on the final checkpoint,
-exports its policy to ROOT/NAME_export, and writes, from process 0, the trained parameters
+exports its policy to ROOT/NAME_export, evaluates the final checkpoint greedily on the prompts
+(`evaluate_run`, ROOT/NAME/eval/step_3.json), and writes, from process 0, the trained parameters
 (gathered from every process) to ROOT/NAME_params.npz. Every process records (Python audit
 hook) each file it opened for writing, created, moved or deleted under ROOT/NAME and
 ROOT/NAME_export, and writes its findings to ROOT/NAME_processI.json, with the prompt batches
@@ -58,7 +59,7 @@ import numpy as np  # noqa: E402
 
 from jax_ppo.cli import main as cli  # noqa: E402
 from jax_ppo.data.prompts import PromptDataset  # noqa: E402
-from jax_ppo.trainer.run import build_trainer, saved_run_config  # noqa: E402
+from jax_ppo.trainer.run import build_trainer, evaluate_run, saved_run_config  # noqa: E402
 
 BATCHES: list[list] = []
 _batch = PromptDataset.batch
@@ -95,6 +96,7 @@ def main() -> None:
   flat = {jax.tree_util.keystr(p): np.asarray(x)
           for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
   trainer.export(ROOT / f"{NAME}_export")
+  evaluate_run(ROOT / NAME, ROOT / "prompts.jsonl")  # (greedy; writes NAME/eval/step_3.json)
   if jax.process_index() == 0:
     np.savez(ROOT / f"{NAME}_params.npz", **flat)
   result = {"process": jax.process_index(), "processes": jax.process_count(),
