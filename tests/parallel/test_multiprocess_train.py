@@ -1,11 +1,12 @@
 """`jax-ppo train` over 2 processes x 4 fake CPU devices (`jax.distributed`, gloo collectives on
 127.0.0.1) equals the same run in one process with 8 devices and the same mesh (issue #11 item
-4): a tiny random Llama policy, a text reward function plus a reward model (which also starts the
-critic), 2 updates, a checkpoint, then the resume to 3 updates, then the export of the policy.
+4): a tiny random Llama policy, a text reward function plus a reward model with a tokenizer of
+its own (both score each process's rows on the host), GRPO, 2 updates, a checkpoint, the resume
+to 3 updates, then the export of the policy and a greedy evaluation.
 
 Each process reads only its own rows of every prompt batch, and only process 0 writes the
-metrics, samples, config, plots and the exported model (the processes record their file writes
-with an audit hook, `scripts/multiprocess_train.py`).
+metrics, samples, config, plots, evaluation and the exported model (the processes record their
+file writes with an audit hook, `scripts/multiprocess_train.py`).
 """
 
 import concurrent.futures
@@ -22,6 +23,23 @@ from tests import tiny_hf_run
 SCRIPT = "multiprocess_train.py"
 
 
+def _reward_model_with_own_tokenizer(root) -> str:
+  """A tiny reward model whose tokenizer numbers the words in reverse order: its scorer decodes
+  each process's rows and re-tokenizes them (docs/rlhf_details.md item 21)."""
+  import tokenizers
+  import transformers
+
+  path = tiny_hf_run.make_reward_checkpoint(root)
+  vocab = {w: i for i, w in enumerate([*tiny_hf_run.SPECIAL, *reversed(tiny_hf_run.WORDS)])}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+  transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>",
+  ).save_pretrained(path)
+  return path
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("multiprocess_train")
@@ -29,7 +47,7 @@ def runs(tmp_path_factory):
   config = {
       "policy_path": tiny_hf_run.make_checkpoint(root),
       "rewards": [{"function": "tiny_hf_run:score_good_words", "weight": 1.0, "name": "words"},
-                  {"model_path": tiny_hf_run.make_reward_checkpoint(root), "weight": 0.5,
+                  {"model_path": _reward_model_with_own_tokenizer(root), "weight": 0.5,
                    "name": "rm"}],
       "prompts_path": data["prompts"], "run_dir": str(root / "unused"),
       "ppo": {"batch_size": 8, "n_samples": 2, "advantage_mode": "grpo", "num_minibatches": 1,
@@ -60,6 +78,7 @@ def test_two_processes_train_resume_and_export_like_one(runs):
       r = _result(root, name, pid)
       assert r["codes"] == [0, 0] and r["step"] == 3 and r["devices"] == 8
       assert r["processes"] == len(pids) and r["process"] == pid
+      assert r["retokenize"] == [None, True]  # (the reward model re-tokenizes the texts)
       # Each process read only its rows of each batch of 4 prompts (x 2 samples): with fsdp=4
       # over both processes' devices, process i holds prompts [2i, 2i + 2) (shard i of 2).
       shard = [None, None, 4] if name == "one" else [pid, 2, 2]

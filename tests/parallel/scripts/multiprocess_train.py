@@ -101,7 +101,9 @@ def main() -> None:
     np.savez(ROOT / f"{NAME}_params.npz", **flat)
   result = {"process": jax.process_index(), "processes": jax.process_count(),
             "devices": jax.device_count(), "codes": codes, "step": step, "writes": WRITES,
-            "batches": BATCHES}
+            "batches": BATCHES,
+            "retokenize": [getattr(scorer, "retokenize", None)
+                           for _, scorer, _ in trainer.scorer.sources]}
   (ROOT / f"{NAME}_process{pid}.json").write_text(json.dumps(result))
   if jax.process_count() > 1:
     jax.distributed.shutdown()
