@@ -196,18 +196,37 @@ class FunctionScorer:
     b = len(responses)
     source = f"The reward function {self.name!r}{_rows_note(rollout.response_ids)}"
     try:
-      scores = self.fn(prompts, responses)
-    except Exception as e:
-      row = self._failing_row(prompts, responses)
-      where = (f"at {_row_context(row, prompts)}, response {_short(responses[row], 50)}"
-               if row is not None else
-               f"on the batch of {b} responses (no single row raises alone)")
-      raise RewardFunctionError(
-          f"{source} raised {type(e).__name__}: {e} -- {where}. Fix the function; its "
-          "traceback is above."
-      ) from e
-    return _global_scores(check_scores(scores, b, source=source, prompts=prompts),
-                          rollout.response_ids)
+      try:
+        scores = self.fn(prompts, responses)
+      except Exception as e:
+        row = self._failing_row(prompts, responses)
+        where = (f"at {_row_context(row, prompts)}, response {_short(responses[row], 50)}"
+                 if row is not None else
+                 f"on the batch of {b} responses (no single row raises alone)")
+        raise RewardFunctionError(
+            f"{source} raised {type(e).__name__}: {e} -- {where}. Fix the function; its "
+            "traceback is above."
+        ) from e
+      scores = check_scores(scores, b, source=source, prompts=prompts)
+    except (ValueError, RewardFunctionError):
+      _agree_on_failure(rollout.response_ids, source, failed=True)
+      raise
+    _agree_on_failure(rollout.response_ids, source, failed=False)
+    return _global_scores(scores, rollout.response_ids)
+
+
+def _agree_on_failure(like: Array, source: str, *, failed: bool) -> None:
+  """Several processes (`like` is global): every process says whether scoring its rows failed
+  (one small all-gather), so that all of them stop together instead of the others waiting for
+  ever in the next collective; a process whose rows scored raises `RewardFunctionError` naming
+  the failure on another process (whose own error says what is wrong). Nothing on one process."""
+  if not host_data.is_global(like):
+    return
+  if host_data.global_max(int(failed)) and not failed:
+    raise RewardFunctionError(
+        f"{source.split(' (process')[0]} failed on the rows of another process (its error, in "
+        f"that process's output, names the row and the fix); process {jax.process_index()} "
+        "stops too.")
 
 
 def _local(rollout: Rollout) -> Rollout:
