@@ -50,11 +50,16 @@ def local_row_range(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> tu
 
   Raises:
     ValueError: the rows this process holds are not contiguous (a mesh whose batch axes
-      interleave the processes' devices).
+      interleave the processes' devices), or it holds none (no device in the mesh).
   """
+  indices = sharding.addressable_devices_indices_map(tuple(shape)).values()
   rows = sorted({(s.start or 0, shape[0] if s.stop is None else s.stop)
-                 for s in (index[0] for index in
-                           sharding.addressable_devices_indices_map(tuple(shape)).values())})
+                 for s in (index[0] for index in indices)})
+  if not rows:
+    raise ValueError(
+        f"This process (index {jax.process_index()}) has no device in the mesh of a batch of "
+        f"{shape[0]} rows; every process of a multi-process run needs devices in the mesh "
+        "(jax_ppo.parallel.make_mesh over jax.devices()).")
   start, stop = rows[0][0], rows[0][1]
   for a, b in rows[1:]:
     if a > stop:
@@ -133,8 +138,10 @@ def prompt_shard(mesh: Mesh, num_prompts: int) -> tuple[Any, NamedSharding]:
 
 
 def sample_local_prompts(sampler: Any, dataset: Any, position: int, num_prompts: int,
-                         key: jax.Array, *, state: Any, mesh: Mesh) -> tuple[Any, list | None]:
+                         key: jax.Array, *, state: Any) -> tuple[Any, list | None]:
   """The rollout of prompt batch `position` of `dataset`, each process reading only its rows.
+
+  The prompt rows are split over the batch axes of the sampler's mesh (`sampler.mesh`).
 
   Every process takes its contiguous rows of the batch (`dataset.batch(position, num_prompts,
   shard=...)`, `prompt_shard`), left-pads them to the prompt bucket of the longest prompt of the
@@ -151,7 +158,10 @@ def sample_local_prompts(sampler: Any, dataset: Any, position: int, num_prompts:
   """
   from jax_ppo.rollout.batching import left_pad_prompts
 
-  shard, sharding = prompt_shard(mesh, num_prompts)
+  if sampler.mesh is None:
+    raise ValueError("A rollout of each process's own rows needs a sampler on a device mesh "
+                     "(Sampler(mesh=...)); this one runs on one device.")
+  shard, sharding = prompt_shard(sampler.mesh, num_prompts)
   prompts, texts = dataset.batch(position, num_prompts, shard=shard)
   ids, mask = left_pad_prompts(prompts, sampler.config,
                                max_context=sampler.model_config.max_position_embeddings,

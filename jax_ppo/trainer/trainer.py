@@ -354,7 +354,7 @@ class PPOTrainer(RunStage):
     if host_data.multi_process():  # each process reads, pads and places only its own rows
       rollout, texts = host_data.sample_local_prompts(
           self.sampler, self.dataset, self.data_position, c.prompts_per_update, key,
-          state=self.policy_state(), mesh=self.mesh)
+          state=self.policy_state())
     else:
       prompt_ids, texts = self.dataset.batch(self.data_position, c.prompts_per_update)
       rollout = self.sampler(prompt_ids, key, state=self.policy_state())

@@ -64,7 +64,7 @@ def test_local_prompt_rollout_equals_the_sampler(mesh, n_samples):
   for position in (0, 2):  # (batch 2 wraps into the second epoch's permutation)
     expected = sampler(dataset.batch(position, 4)[0], key)
     rollout, texts = host_data.sample_local_prompts(sampler, dataset, position, 4, key,
-                                                    state=sampler.state, mesh=mesh)
+                                                    state=sampler.state)
     assert texts is None
     for name, value in vars(expected).items():
       np.testing.assert_array_equal(np.asarray(getattr(rollout, name)), np.asarray(value),
@@ -79,7 +79,15 @@ def test_micro_batches_are_refused(mesh):
   sampler.micro_batch_size = lambda num_prompts, length: 2  # a budget that holds 2 of 4 rows
   with pytest.raises(ValueError, match=r"micro-batches of 2 \(memory_budget_bytes\)"):
     host_data.sample_local_prompts(sampler, PromptDataset([[3, 4]] * 4), 0, 4,
-                                   jax.random.PRNGKey(0), state=sampler.state, mesh=mesh)
+                                   jax.random.PRNGKey(0), state=sampler.state)
+
+
+def test_a_sampler_without_a_mesh_is_refused():
+  model = CausalLM(MODEL, rngs=nnx.Rngs(0))
+  sampler = Sampler(model, SamplingConfig(max_new_tokens=4, stop_token_ids=(2,), pad_token_id=0))
+  with pytest.raises(ValueError, match=r"needs a sampler on a device mesh"):
+    host_data.sample_local_prompts(sampler, PromptDataset([[3, 4]] * 4), 0, 4,
+                                   jax.random.PRNGKey(0), state=sampler.state)
 
 
 def test_host_array_and_barrier_on_one_process():
