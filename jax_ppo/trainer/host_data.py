@@ -121,6 +121,15 @@ def global_max(value: int) -> int:
   return int(np.max(multihost_utils.process_allgather(np.asarray([value], np.int32))))
 
 
+def stop_together(failed: bool, what: str) -> None:
+  """Several processes: each says whether `what` failed on its side (one small all-gather), and a
+  process where it did not raises too (a `RuntimeError` pointing at the other's error), so that
+  no process waits for ever in the next collective. Nothing on one process."""
+  if multi_process() and global_max(int(failed)) and not failed:
+    raise RuntimeError(f"{what} failed on another process (its error, in that process's output, "
+                       f"names the cause and the fix); process {jax.process_index()} stops too.")
+
+
 def prompt_shard(mesh: Mesh, num_prompts: int) -> tuple[Any, NamedSharding]:
   """Grain `ShardOptions` of this process's rows of a `[num_prompts, S]` prompt batch on `mesh`
   (rows over the batch axes), and that batch's sharding."""
@@ -162,10 +171,15 @@ def sample_local_prompts(sampler: Any, dataset: Any, position: int, num_prompts:
     raise ValueError("A rollout of each process's own rows needs a sampler on a device mesh "
                      "(Sampler(mesh=...)); this one runs on one device.")
   shard, sharding = prompt_shard(sampler.mesh, num_prompts)
-  prompts, texts = dataset.batch(position, num_prompts, shard=shard)
-  ids, mask = left_pad_prompts(prompts, sampler.config,
-                               max_context=sampler.model_config.max_position_embeddings,
-                               vocab_size=sampler.model_config.vocab_size)
+  try:  # (a lazy dataset tokenizes these rows now: a bad prompt is reported here)
+    prompts, texts = dataset.batch(position, num_prompts, shard=shard)
+    ids, mask = left_pad_prompts(prompts, sampler.config,
+                                 max_context=sampler.model_config.max_position_embeddings,
+                                 vocab_size=sampler.model_config.vocab_size)
+  except ValueError:
+    stop_together(True, f"Reading prompt batch {position}")
+    raise
+  stop_together(False, f"Reading prompt batch {position}")
   length = global_max(ids.shape[1])
   if length > ids.shape[1]:  # another process has a longer prompt: the same bucket everywhere
     extra = length - ids.shape[1]
@@ -196,4 +210,5 @@ __all__ = [
     "prompt_shard",
     "row_sharding",
     "sample_local_prompts",
+    "stop_together",
 ]

@@ -40,7 +40,7 @@ from jax_ppo.models import (
     set_remat,
     value_model_from_reward_model,
 )
-from jax_ppo.parallel.distributed import barrier, is_main_process
+from jax_ppo.parallel.distributed import barrier, is_main_process, multi_process
 from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.presets import check_against_guide
@@ -82,6 +82,7 @@ def load_prompts(
     seed: int = 0,
     field: str = "RunConfig.prompts_path",
     max_tokens: int | None = None,
+    lazy: bool = False,
 ) -> PromptDataset:
   """Reads and tokenizes prompts: a .txt file (one per line), or a .jsonl or .parquet file or a
   local `datasets` folder with "prompt" or "messages" records (`jax_ppo.data.read_prompts`).
@@ -93,6 +94,9 @@ def load_prompts(
     field: how error messages name the path (the config field or the CLI flag).
     max_tokens: the longest prompt allowed (the policy's context `max_position_embeddings` minus
       `max_new_tokens`); None does not check.
+    lazy: tokenize each prompt when a batch first reads it (`PromptDataset.lazy`): what each
+      process of a multi-process run does, so that it tokenizes only its own rows; a prompt
+      too long or empty is then reported when its batch comes.
 
   Raises:
     FileNotFoundError / ValueError: naming `field`, the file, the line (or row) and the fix: no
@@ -102,7 +106,8 @@ def load_prompts(
   return read_prompts(
       check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
       max_tokens=max_tokens, max_tokens_note=" (the policy's context minus ppo.max_new_tokens)",
-      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False)
+      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False,
+      lazy=lazy)
 
 
 def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
@@ -242,7 +247,8 @@ def build_trainer(
     set_remat(value_model, config.remat)
   if prompts is None:
     prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
-                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens))
+                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens),
+                           lazy=multi_process())  # (several processes: each its own rows)
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),

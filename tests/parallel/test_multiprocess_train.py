@@ -83,6 +83,8 @@ def test_two_processes_train_resume_and_export_like_one(runs):
       # over both processes' devices, process i holds prompts [2i, 2i + 2) (shard i of 2).
       shard = [None, None, 4] if name == "one" else [pid, 2, 2]
       assert r["batches"] == [[position, 4, *shard] for position in range(3)]
+      # ... and tokenized only those (one process: every prompt at start, no lazy dataset).
+      assert r["tokenized"] == ([] if name == "one" else [2, 2, 2])
   # The trained parameters agree (the same SPMD program, over gloo instead of in-process).
   one, two = np.load(root / "one_params.npz"), np.load(root / "two_params.npz")
   assert sorted(one.files) == sorted(two.files) and len(one.files) > 10

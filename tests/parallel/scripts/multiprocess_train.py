@@ -12,7 +12,8 @@ exports its policy to ROOT/NAME_export, evaluates the final checkpoint greedily 
 (gathered from every process) to ROOT/NAME_params.npz. Every process records (Python audit
 hook) each file it opened for writing, created, moved or deleted under ROOT/NAME and
 ROOT/NAME_export, and writes its findings to ROOT/NAME_processI.json, with the prompt batches
-it read (`PromptDataset.batch`: position, batch size, shard index and count, rows).
+it read (`PromptDataset.batch`: position, batch size, shard index and count, rows) and the
+number of prompts each batch tokenized (a lazy dataset, several processes).
 """
 
 import json
@@ -74,6 +75,17 @@ def _recorded_batch(self, position, batch_size, *, shard=None):
 
 
 PromptDataset.batch = _recorded_batch
+TOKENIZED: list[int] = []
+_tokenized = PromptDataset._tokenized
+
+
+def _recorded_tokenized(self, idx):
+  """`PromptDataset._tokenized` (a lazy dataset), recording how many prompts it tokenized."""
+  TOKENIZED.append(sum(self.prompts[i] is None for i in set(idx)))
+  _tokenized(self, idx)
+
+
+PromptDataset._tokenized = _recorded_tokenized
 
 
 def main() -> None:
@@ -101,7 +113,7 @@ def main() -> None:
     np.savez(ROOT / f"{NAME}_params.npz", **flat)
   result = {"process": jax.process_index(), "processes": jax.process_count(),
             "devices": jax.device_count(), "codes": codes, "step": step, "writes": WRITES,
-            "batches": BATCHES,
+            "batches": BATCHES, "tokenized": TOKENIZED,
             "retokenize": [getattr(scorer, "retokenize", None)
                            for _, scorer, _ in trainer.scorer.sources]}
   (ROOT / f"{NAME}_process{pid}.json").write_text(json.dumps(result))
