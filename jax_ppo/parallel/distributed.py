@@ -16,12 +16,12 @@ every process calls `initialize(config)`, which calls `jax.distributed.initializ
 coordinator or the environment says the job is distributed (`distributed_environment`); a plain
 single-process run never touches `jax.distributed`. `initialize` is idempotent.
 
-After it: only process 0 writes logs and other non-checkpoint files (`is_main_process`; the
-others wait at a `barrier` where a file must be complete before anyone goes on, and gather
-what process 0 writes with `host_array`, tensor by tensor), every process takes part in Orbax
-checkpoint saves (Orbax writes each array shard once and the metadata
-from the primary host), and `preemption_notice(step)` tells every process, at the same step, that
-one of them received a preemption notice (SIGTERM), through JAX's preemption sync point.
+After it: only process 0 writes logs and other non-checkpoint files (`is_main_process`; the others
+wait at a `barrier` where a file must be complete before anyone goes on, and gather what process 0
+writes with `host_array`, tensor by tensor), every process takes part in Orbax checkpoint saves
+(Orbax writes each array shard once and the metadata from the primary host), and
+`preemption_notice(step)` tells every process, at the same step, that one of them received a
+preemption notice (SIGTERM), through JAX's preemption sync point.
 """
 
 from __future__ import annotations

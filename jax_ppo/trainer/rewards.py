@@ -331,6 +331,7 @@ class RewardModelScorer:
     # Each row's prompt and response are decoded together: decoding them apart and joining the
     # texts drops the space between them for tokenizers that do not store it in the token
     # (word-level, SentencePiece's leading "▁" of the first response token).
+    spread = host_data.is_global(rollout.response_ids)
     rollout = _local(rollout)  # (several processes: this process's rows)
     ids_all = np.asarray(rollout.sequence_ids)
     mask_all = np.asarray(rollout.attention_mask).astype(bool)
@@ -339,6 +340,8 @@ class RewardModelScorer:
     tok = self.reward_tokenizer
     seqs = [tok(t, add_special_tokens=False)["input_ids"][-self.max_length :] for t in texts]
     empty = [i for i, seq in enumerate(seqs) if not seq]
+    if spread:  # (several processes: all stop when one's rows cannot be read)
+      host_data.stop_together(bool(empty), "Re-tokenizing the rows for the reward model")
     if empty:
       raise ValueError(
           f"Row {empty[0]} re-tokenizes to no reward-model tokens (text "
