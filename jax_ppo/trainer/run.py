@@ -181,6 +181,10 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
+  if config.mesh is None and multi_process():  # (before loading any model)
+    raise ValueError(
+        "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
+        "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   policy_eos = load_config(config.policy_path).eos_token_ids
   # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
