@@ -1,7 +1,8 @@
 """Host-side rewards over 2 processes x 2 fake CPU devices (scripts/multiprocess_rewards.py):
 a Python reward function scores only its process's rows of a global rollout, the global scores
 are the single-process ones, a `CombinedScorer` logs the mean over every row, and a function
-failing on one process's rows stops both processes with an error naming the cause."""
+failing on one process's rows stops both processes with an error naming the cause; a trainer
+without a mesh is refused in a multi-process job."""
 
 import json
 
@@ -29,3 +30,5 @@ def test_function_rewards_score_local_rows_and_fail_together(tmp_path):
   assert "non-finite scores at rows [0]" in failing[1]
   assert other[0] == "RewardFunctionError"
   assert "'nan_on_process_1' failed on the rows of another process" in other[1]
+  for r in results:  # a multi-process run needs a mesh: refused before any model loads
+    assert r["no_mesh"].startswith("RunConfig.mesh=None, but this is one of several processes")

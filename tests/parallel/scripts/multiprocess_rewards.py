@@ -5,7 +5,8 @@
 Joins a job of 2 processes x 2 fake CPU devices, builds a global rollout of 8 rows split over the
 4 devices (each process fills its rows, `host_data.global_rows`) and scores it with Python
 reward functions of token ids (`FunctionScorer`, alone and in a `CombinedScorer`), then with one
-that returns NaN on the first row of process 1 only; writes what it saw to OUT_DIR/resultI.json.
+that returns NaN on the first row of process 1 only, then asks for a trainer without a mesh;
+writes what it saw to OUT_DIR/resultI.json.
 """
 
 import json
@@ -21,6 +22,7 @@ from jax_ppo.parallel.distributed import DistributedConfig, initialize
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer import host_data
 from jax_ppo.trainer.rewards import CombinedScorer, FunctionScorer
+from jax_ppo.trainer.run import RunConfig, build_trainer
 
 
 def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
@@ -64,6 +66,16 @@ def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
   except Exception as e:  # noqa: BLE001 - recorded for the test
     result["error"] = [type(e).__name__, str(e)]
   multihost_utils.sync_global_devices("after the failure")  # no process was left waiting
+  folder = out / f"model{pid}"  # (only its config.json is looked at before the refusal)
+  folder.mkdir()
+  (folder / "config.json").write_text("{}")
+  (folder / "prompts.txt").write_text("the movie was\n")
+  try:
+    build_trainer(RunConfig(policy_path=str(folder), prompts_path=str(folder / "prompts.txt"),
+                            run_dir=str(folder / "run"), reward_function="length"))
+    result["no_mesh"] = None
+  except ValueError as e:
+    result["no_mesh"] = str(e)
   (out / f"result{pid}.json").write_text(json.dumps(result))
   jax.distributed.shutdown()
 
