@@ -47,11 +47,11 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as policies
 
 from jax_ppo.checkpoint.errors import (
-    CheckpointCorrupt,
-    CheckpointError,
-    CheckpointStructureMismatch,
-    _plain_config,
-    check_config,
+  CheckpointCorrupt,
+  CheckpointError,
+  CheckpointStructureMismatch,
+  _plain_config,
+  check_config,
 )
 from jax_ppo.checkpoint.integrity import (
   _ARRAY_KEY,
@@ -63,6 +63,7 @@ from jax_ppo.checkpoint.integrity import (
   _unparsable_json_files,
   abstract_like,
 )
+from jax_ppo.parallel.distributed import barrier, is_main_process
 
 logger = logging.getLogger("jax_ppo.checkpoint")
 
@@ -529,23 +530,32 @@ class RunCheckpointer:
 
   def set_aside(self, damaged: Sequence[CheckpointCorrupt], restored: int) -> None:
     """Warns about damaged steps after `restored` was used instead; moves them into `corrupt/`
-    (unless read-only) so that their step numbers can be saved again. Never deletes."""
+    (unless read-only) so that their step numbers can be saved again. Never deletes.
+
+    Several processes (all of them restore, find the same damaged steps and call this): only
+    process 0 moves the folders; every process then waits at a barrier before re-reading the
+    directory, so none sees it half moved and no two race on the same folder."""
+    main = is_main_process()
     for error in damaged:
       where_now = "left in place (read-only)"
       if not self.read_only:
         parking = self.directory / CORRUPT_DIR
-        parking.mkdir(exist_ok=True)
         dest, n = parking / str(error.step), 1
-        while dest.exists():
-          dest, n = parking / f"{error.step}.{n}", n + 1
-        os.replace(self._step_dir(error.step), dest)
-        where_now = f"moved to {str(dest)!r}"
+        if main:
+          parking.mkdir(exist_ok=True)
+          while dest.exists():
+            dest, n = parking / f"{error.step}.{n}", n + 1
+          os.replace(self._step_dir(error.step), dest)
+          where_now = f"moved to {str(dest)!r}"
+        else:
+          where_now = f"moved into {str(parking)!r} by process 0"
       logger.warning(
           "Checkpoint step %d in %s is damaged (%s: %s); restored step %d instead. The damaged "
           "step folder was %s; nothing was deleted.",
           error.step, self.directory, error.where, error.reason, restored, where_now,
       )
     if not self.read_only:
+      barrier(f"set_aside {self.directory} {sorted(e.step for e in damaged)}")
       self._manager.reload()
 
   def _check_newest_config(self) -> None:

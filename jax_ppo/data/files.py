@@ -353,6 +353,7 @@ def read_prompts(
     max_tokens_note: str = "",
     too_long_fix: str = "shorten it",
     configurable_fields: bool = True,
+    lazy: bool = False,
 ) -> PromptDataset:
   """A tokenized `PromptDataset` of a prompts file or folder (see `read_prompt_records`).
 
@@ -370,6 +371,9 @@ def read_prompts(
     max_tokens_note, too_long_fix: what the too-long error adds after "the N that fit" (e.g.
       " (the policy's context minus ppo.max_new_tokens)") and the fix it gives.
     configurable_fields: errors suggest `prompt_field=` (False where the caller cannot set it).
+    lazy: read and check every record now but tokenize each prompt when a batch first needs it
+      (`PromptDataset.lazy`; a process of a multi-host run then tokenizes only its own rows);
+      the errors of a prompt that tokenizes to nothing or too much come then, naming its line.
 
   Raises:
     ValueError: a malformed record (file, line/row, field, fix), a prompt that tokenizes to no
@@ -377,11 +381,7 @@ def read_prompts(
   """
   from jax_ppo.models.tokenizer import encode_chat  # data stays importable without models
 
-  ids: list[list[int]] = []
-  texts: list[str] = []
-  for record in iter_records(path, name=name, text_field=prompt_field,
-                             expected=_prompt_want(prompt_field, messages_field)):
-    prompt = _prompt_record(record, prompt_field, messages_field, configurable_fields)
+  def encode(where: str, prompt: dict[str, Any]) -> tuple[list[int], str]:
     if "messages" in prompt:
       row = [int(t) for t in encode_chat(tokenizer, [prompt["messages"]])[0]]
       text = tokenizer.decode(row)
@@ -389,15 +389,27 @@ def read_prompts(
       text = prompt["prompt"]
       row = [int(t) for t in tokenizer(text)["input_ids"]]
     if not row:
-      raise ValueError(f"{record.where}: the prompt tokenizes to no tokens; give text the "
+      raise ValueError(f"{where}: the prompt tokenizes to no tokens; give text the "
                        "policy's tokenizer can encode.")
     if max_tokens is not None and len(row) > max_tokens:
-      raise ValueError(f"{record.where}: the prompt has {len(row)} tokens, more than the "
+      raise ValueError(f"{where}: the prompt has {len(row)} tokens, more than the "
                        f"{max_tokens} that fit{max_tokens_note}; {too_long_fix}.")
-    ids.append(row)
-    texts.append(text)
-  if not ids:
+    return row, text
+
+  records, ids, texts = [], [], []
+  for record in iter_records(path, name=name, text_field=prompt_field,
+                             expected=_prompt_want(prompt_field, messages_field)):
+    prompt = _prompt_record(record, prompt_field, messages_field, configurable_fields)
+    if lazy:
+      records.append((record.where, prompt))
+    else:  # (checked in file order: the first bad line is the one reported)
+      row, text = encode(record.where, prompt)
+      ids.append(row)
+      texts.append(text)
+  if not (records or ids):
     raise ValueError(f"{_label(path, name)} holds no prompts; give {PROMPT_FORMATS}.")
+  if lazy:
+    return PromptDataset.lazy(len(records), lambda i: encode(*records[i]), seed=seed)
   return PromptDataset(ids, texts=texts, seed=seed)
 
 

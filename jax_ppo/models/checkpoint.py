@@ -39,6 +39,7 @@ from jax_ppo.models.errors import (
 )
 from jax_ppo.models.heads import ScalarHead, ScalarModel
 from jax_ppo.models.transformer import CausalLM
+from jax_ppo.parallel.distributed import barrier, host_array, is_main_process
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -506,7 +507,7 @@ def _hf_tensors(
     parts = []
     for p in spec.paths:
       x = flat[p] if spec.layer is None else flat[p][spec.layer]
-      parts.append(np.asarray(x))
+      parts.append(host_array(x))  # (several processes: gathered, this tensor only)
     tensor = np.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
     if spec.transpose:
       tensor = tensor.T
@@ -533,7 +534,14 @@ def save_pretrained(
     max_shard_size: bytes (or a string like "2GB") per safetensors file; the model is sharded
       with a `model.safetensors.index.json` when it is larger. None writes one file.
     dtype: dtype of the written tensors; None keeps the parameter dtype.
+
+  Several processes (a multi-host run whose parameters are split over every process's
+  devices): every process must call it; each tensor is gathered in turn (`jax_ppo.parallel.
+  distributed.host_array`: no host holds more of the model than one file's tensors, one tensor
+  on the processes that do not write), only process 0 writes, and every process returns once
+  the folder is complete (`barrier`).
   """
+  main = is_main_process()
   config: ModelConfig = model.config
   is_scalar = isinstance(model, ScalarModel)
   head = "score" if is_scalar else "lm"
@@ -543,7 +551,8 @@ def save_pretrained(
     dtype = flat[("decoder", "embed", "embedding")].dtype
   np_dtype = _np_dtype(dtype)
   limit = _parse_size(max_shard_size)
-  os.makedirs(path, exist_ok=True)
+  if main:
+    os.makedirs(path, exist_ok=True)
 
   shards: list[list[TensorSpec]] = [[]]
   size = 0
@@ -562,11 +571,20 @@ def save_pretrained(
   for i, shard in enumerate(shards):
     file = (SINGLE_FILE if len(shards) == 1
             else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors")
-    tensors = dict(_hf_tensors(flat, shard, np_dtype))
-    total += sum(t.nbytes for t in tensors.values())
-    save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
-    weight_map.update({name: file for name in tensors})
+    tensors = {}
+    for name, tensor in _hf_tensors(flat, shard, np_dtype):
+      total += tensor.nbytes
+      weight_map[name] = file
+      if main:  # (the other processes only took part in the gather)
+        tensors[name] = tensor
+    if main:
+      save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
     del tensors
+  bias = (float(host_array(flat[("score_head", "bias")]).astype(np.float32)[0]) if is_scalar
+          else None)
+  if not main:
+    barrier(f"save_pretrained {path}")
+    return
   if len(shards) > 1:
     with open(os.path.join(path, INDEX_FILE), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
@@ -578,10 +596,11 @@ def save_pretrained(
   hf = config_lib.config_to_hf(config, sequence_classification=is_scalar)
   if is_scalar:
     hf.num_labels = 1
-    setattr(hf, SCORE_BIAS_KEY, float(np.asarray(flat[("score_head", "bias")], np.float32)[0]))
+    setattr(hf, SCORE_BIAS_KEY, bias)
   elif hasattr(hf, SCORE_BIAS_KEY):
     delattr(hf, SCORE_BIAS_KEY)
   hf.dtype = str(np_dtype) if np_dtype != np.dtype(jnp.bfloat16) else "bfloat16"
   hf.save_pretrained(path)
   generation = transformers.GenerationConfig.from_model_config(hf)
   generation.save_pretrained(path)
+  barrier(f"save_pretrained {path}")

@@ -16,10 +16,12 @@ every process calls `initialize(config)`, which calls `jax.distributed.initializ
 coordinator or the environment says the job is distributed (`distributed_environment`); a plain
 single-process run never touches `jax.distributed`. `initialize` is idempotent.
 
-After it: only process 0 writes logs and other non-checkpoint files (`is_main_process`), every
-process takes part in Orbax checkpoint saves (Orbax writes each array shard once and the metadata
-from the primary host), and `preemption_notice(step)` tells every process, at the same step, that
-one of them received a preemption notice (SIGTERM), through JAX's preemption sync point.
+After it: only process 0 writes logs and other non-checkpoint files (`is_main_process`; the others
+wait at a `barrier` where a file must be complete before anyone goes on, and gather what process 0
+writes with `host_array`, tensor by tensor), every process takes part in Orbax checkpoint saves
+(Orbax writes each array shard once and the metadata from the primary host), and
+`preemption_notice(step)` tells every process, at the same step, that one of them received a
+preemption notice (SIGTERM), through JAX's preemption sync point.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ import os
 import re
 import signal
 from collections.abc import Mapping
+from typing import Any
 
 import jax
+import numpy as np
 
 logger = logging.getLogger("jax_ppo.parallel")
 
@@ -187,6 +191,29 @@ def multi_process() -> bool:
   return jax.process_count() > 1
 
 
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier `name` (`multihost_utils.
+  sync_global_devices`); nothing on one process. Process 0 writes a file, moves or deletes one
+  (exports, damaged checkpoints set aside), then every process passes the same barrier, so no
+  process reads the folder before it is complete or races another on the file system."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+
+  multihost_utils.sync_global_devices(name)
+
+
+def host_array(x: Any) -> np.ndarray:
+  """The whole of array `x` on this host: `np.asarray(x)`, or, for a `jax.Array` with shards on
+  other processes' devices, an all-gather (`multihost_utils.process_allgather`) that every
+  process must call, in the same order (e.g. tensor by tensor while process 0 writes them)."""
+  if not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated:
+    return np.asarray(x)  # (a replicated array: every process holds all of it)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def process_key(key: jax.Array) -> jax.Array:
   """`fold_in(key, process_index)`: an RNG stream of this process's own.
 
@@ -223,7 +250,9 @@ def preemption_notice(step: int) -> int | None:
 __all__ = [
     "DistributedConfig",
     "ENV_FLAG",
+    "barrier",
     "distributed_environment",
+    "host_array",
     "initialize",
     "is_main_process",
     "multi_process",

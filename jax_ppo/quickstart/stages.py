@@ -47,6 +47,7 @@ from jax_ppo.models import (
     pad_batch,
     value_model_from_reward_model,
 )
+from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.quickstart.config import QuickstartConfig
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
@@ -95,12 +96,19 @@ def _finished(hf_dir: pathlib.Path) -> bool:
 
 
 def _export_atomically(export: Callable[[pathlib.Path], Any], hf_dir: pathlib.Path) -> None:
-  """Runs `export(tmp)` and renames `tmp` to `hf_dir`, so `hf_dir` exists only when complete."""
+  """Runs `export(tmp)` and renames `tmp` to `hf_dir`, so `hf_dir` exists only when complete.
+  Several processes: all export (process 0 writes); only process 0 deletes and renames, and
+  every process waits for it (`barrier`)."""
   tmp = hf_dir.with_name(hf_dir.name + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
+  main = is_main_process()
+  if main:
+    shutil.rmtree(tmp, ignore_errors=True)
+  barrier(f"export {tmp}: cleared")
   export(tmp)
-  shutil.rmtree(hf_dir, ignore_errors=True)
-  os.replace(tmp, hf_dir)
+  if main:
+    shutil.rmtree(hf_dir, ignore_errors=True)
+    os.replace(tmp, hf_dir)
+  barrier(f"export {hf_dir}: renamed")
 
 
 def clean_text(tokenizer, text: str) -> str:

@@ -53,6 +53,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
+from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.trainer.loop import RunLoop, RunOptions, RunStage
 from jax_ppo.trainer.optim import check_stage_fields, is_int, make_optimizer
 from jax_ppo.trainer.pairwise import (
@@ -406,7 +407,7 @@ class RewardModelTrainer(RunStage):
         lambda new, old: jax.device_put(jnp.asarray(new, old.dtype), old.sharding), params,
         self.state.params))
     self.normalisation = norm
-    if self.run_dir is not None:
+    if self.run_dir is not None and is_main_process():
       (self.run_dir / NORMALISATION_FILE).write_text(json.dumps(norm, indent=2) + "\n")
     return norm
 
@@ -432,10 +433,12 @@ class RewardModelTrainer(RunStage):
           "load_scalar_model reads the EOS itself. Give the tokenizer a separate pad token for "
           "transformers to agree.", model.config.pad_token_id)
     save_pretrained(model, str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if self.tokenizer is not None:
-      self.tokenizer.save_pretrained(str(path))
-    if self.normalisation is not None:
-      (path / NORMALISATION_FILE).write_text(json.dumps(self.normalisation, indent=2) + "\n")
+    if is_main_process():  # (several processes: every one gathered, process 0 writes)
+      if self.tokenizer is not None:
+        self.tokenizer.save_pretrained(str(path))
+      if self.normalisation is not None:
+        (path / NORMALISATION_FILE).write_text(json.dumps(self.normalisation, indent=2) + "\n")
+    barrier(f"export {path}")
     return path
 
 

@@ -4,6 +4,14 @@ alone or several combined with weights (`CombinedScorer`, each source logged as 
 Every scorer is called as `scorer(rollout, reward_state) -> scores [B]` (float32) on the rollout's
 truncated responses (PAD after the stop token, docs/rlhf_details.md item 5); `reward_state` is the
 reward model's frozen parameters (`FrozenParams.reward`) or None.
+
+Several processes (a multi-host run, `jax_ppo.trainer.host_data`): the rollout is a global array
+whose rows are split over the processes. Host-side scorers (a Python function of texts, a reward
+model with its own tokenizer) decode and score only this process's rows and assemble the global
+`[B]` scores from every process's rows (`jax.make_array_from_process_local_data`), so no process
+needs every text; device-side scorers (a reward model on the policy's ids, a `TokenScorer`) run
+on the global arrays as they are. `CombinedScorer` gathers each source's `[B]` raw scores for its
+logged means.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.rollout.sampler import Rollout
+from jax_ppo.trainer import host_data
 
 Array = jax.Array
 
@@ -133,11 +142,7 @@ def check_device_scores(scores: Array, *, source: str,
   """
   if bool(jnp.all(jnp.isfinite(scores))):
     return
-  if isinstance(scores, jax.Array) and not scores.is_fully_addressable:
-    from jax.experimental import multihost_utils
-
-    scores = multihost_utils.process_allgather(scores, tiled=True)
-  host = np.asarray(scores)
+  host = host_data.gathered(scores)
   check_scores(host, host.shape[0], source=source, prompts=prompts() if prompts else None)
 
 
@@ -166,6 +171,8 @@ class FunctionScorer:
     self.name = name or _function_name(fn)
 
   def _inputs(self, rollout: Rollout) -> tuple[list, list]:
+    """Prompts and responses of the rollout's rows (this process's rows of a global one)."""
+    rollout = _local(rollout)
     if self.tokenizer is not None:
       return decode_rollout(self.tokenizer, rollout)
     pm = np.asarray(rollout.prompt_mask).astype(bool)
@@ -185,21 +192,65 @@ class FunctionScorer:
 
   def __call__(self, rollout: Rollout, reward_state=None) -> Array:
     del reward_state
-    b = rollout.response_ids.shape[0]
     prompts, responses = self._inputs(rollout)
-    source = f"The reward function {self.name!r}"
+    b = len(responses)
+    source = f"The reward function {self.name!r}{_rows_note(rollout.response_ids)}"
     try:
-      scores = self.fn(prompts, responses)
-    except Exception as e:
-      row = self._failing_row(prompts, responses)
-      where = (f"at {_row_context(row, prompts)}, response {_short(responses[row], 50)}"
-               if row is not None else
-               f"on the batch of {b} responses (no single row raises alone)")
-      raise RewardFunctionError(
-          f"{source} raised {type(e).__name__}: {e} -- {where}. Fix the function; its "
-          "traceback is above."
-      ) from e
-    return jnp.asarray(check_scores(scores, b, source=source, prompts=prompts))
+      try:
+        scores = self.fn(prompts, responses)
+      except Exception as e:
+        row = self._failing_row(prompts, responses)
+        where = (f"at {_row_context(row, prompts)}, response {_short(responses[row], 50)}"
+                 if row is not None else
+                 f"on the batch of {b} responses (no single row raises alone)")
+        raise RewardFunctionError(
+            f"{source} raised {type(e).__name__}: {e} -- {where}. Fix the function; its "
+            "traceback is above."
+        ) from e
+      scores = check_scores(scores, b, source=source, prompts=prompts)
+    except (ValueError, RewardFunctionError):
+      _agree_on_failure(rollout.response_ids, source, failed=True)
+      raise
+    _agree_on_failure(rollout.response_ids, source, failed=False)
+    return _global_scores(scores, rollout.response_ids)
+
+
+def _agree_on_failure(like: Array, source: str, *, failed: bool) -> None:
+  """Several processes (`like` is global): every process says whether scoring its rows failed
+  (one small all-gather), so that all of them stop together instead of the others waiting for
+  ever in the next collective; a process whose rows scored raises `RewardFunctionError` naming
+  the failure on another process (whose own error says what is wrong). Nothing on one process."""
+  if not host_data.is_global(like):
+    return
+  if host_data.global_max(int(failed)) and not failed:
+    raise RewardFunctionError(
+        f"{source.split(' (process')[0]} failed on the rows of another process (its error, in "
+        f"that process's output, names the row and the fix); process {jax.process_index()} "
+        "stops too.")
+
+
+def _local(rollout: Rollout) -> Rollout:
+  """Host copies of the rollout's rows (this process's rows of a global rollout)."""
+  if not host_data.is_global(rollout.response_ids):
+    return rollout
+  return jax.tree.map(host_data.local_rows, rollout)
+
+
+def _rows_note(like: Array) -> str:
+  """" (process i: rows a to b of B)" in error messages about a global rollout's local rows."""
+  if not host_data.is_global(like):
+    return ""
+  start, stop = host_data.local_row_range(like.sharding, like.shape)
+  return (f" (process {jax.process_index()}: rows {start} to {stop - 1} of {like.shape[0]}; "
+          "rows below count from its first)")
+
+
+def _global_scores(local: np.ndarray, like: Array) -> Array:
+  """`[B]` float32 scores from this process's rows `local` of `like`'s rows (`jnp.asarray(local)`
+  when `like` is not global)."""
+  if not host_data.is_global(like):
+    return jnp.asarray(local)
+  return host_data.global_rows(local, host_data.row_sharding(like), like.shape[:1])
 
 
 class TokenScorer:
@@ -280,6 +331,8 @@ class RewardModelScorer:
     # Each row's prompt and response are decoded together: decoding them apart and joining the
     # texts drops the space between them for tokenizers that do not store it in the token
     # (word-level, SentencePiece's leading "▁" of the first response token).
+    spread = host_data.is_global(rollout.response_ids)
+    rollout = _local(rollout)  # (several processes: this process's rows)
     ids_all = np.asarray(rollout.sequence_ids)
     mask_all = np.asarray(rollout.attention_mask).astype(bool)
     texts = [self.policy_tokenizer.decode(r[m].tolist()) for r, m in zip(ids_all, mask_all,
@@ -287,12 +340,14 @@ class RewardModelScorer:
     tok = self.reward_tokenizer
     seqs = [tok(t, add_special_tokens=False)["input_ids"][-self.max_length :] for t in texts]
     empty = [i for i, seq in enumerate(seqs) if not seq]
+    if spread:  # (several processes: all stop when one's rows cannot be read)
+      host_data.stop_together(bool(empty), "Re-tokenizing the rows for the reward model")
     if empty:
       raise ValueError(
           f"Row {empty[0]} re-tokenizes to no reward-model tokens (text "
           f"{_short(texts[empty[0]])}); the reward model's tokenizer cannot read the policy's text."
       )
-    length = max(len(seq) for seq in seqs)
+    length = host_data.global_max(max(len(seq) for seq in seqs))  # (the same on every process)
     # Bucket to a power of two (bounded compiles), never past the reward model's context.
     length = min(1 << max(length - 1, 0).bit_length(), self.max_length)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -307,13 +362,21 @@ class RewardModelScorer:
     state = self.state if reward_state is None else reward_state
     if self.retokenize:
       ids, mask = self._retokenized(rollout)
+      if host_data.is_global(rollout.response_ids):  # this process's rows of the global batch
+        like = rollout.response_ids
+        sharding = jax.sharding.NamedSharding(
+            like.sharding.mesh, jax.sharding.PartitionSpec(*host_data.row_sharding(like).spec,
+                                                           None))
+        shape = (like.shape[0], ids.shape[1])
+        ids, mask = (host_data.global_rows(x, sharding, shape) for x in (ids, mask))
       scores = self._score(state, ids, mask)
     else:
       scores = self._score(state, rollout.sequence_ids, rollout.attention_mask)
     # B floats to the host: a NaN score would otherwise reach the advantages silently.
     check_device_scores(
         scores, source="The reward model (check its weights, and dtype='float32' if it overflows)",
-        prompts=lambda: (decode_rollout(self.policy_tokenizer, rollout)[0]
+        prompts=lambda: (decode_rollout(self.policy_tokenizer,
+                                        jax.tree.map(host_data.gathered, rollout))[0]
                          if self.policy_tokenizer is not None else None))
     return scores
 
@@ -378,7 +441,7 @@ class CombinedScorer:
       except (ValueError, RewardFunctionError) as e:
         raise type(e)(f"Reward source {name!r} (weight {weight:g}): {e}") from e
       scores = jnp.asarray(scores, jnp.float32)
-      raw[name] = np.asarray(scores)
+      raw[name] = host_data.gathered(scores)  # (several processes: the [B] scores, gathered)
       total = weight * scores if total is None else total + weight * scores
     self.last_raw = raw
     return total
@@ -390,3 +453,22 @@ class CombinedScorer:
       out[f"reward/{name}"] = float(np.mean(scores))
       out[f"reward/{name}_std"] = float(np.std(scores))
     return out
+
+
+def as_scorer(reward: Any, tokenizer: Any = None) -> Callable:
+  """`PPOTrainer`'s `reward` argument as a scorer: a `ScalarModel` becomes a
+  `RewardModelScorer`, a scorer is kept, any other callable becomes a `FunctionScorer`."""
+  from jax_ppo.models.heads import ScalarModel
+
+  if isinstance(reward, ScalarModel):
+    return RewardModelScorer(reward, policy_tokenizer=tokenizer)
+  if isinstance(reward, nnx.Module):
+    raise ValueError(
+        f"`reward` is a {type(reward).__name__}; pass a ScalarModel reward model, a scorer, or "
+        "a function fn(prompts, responses) -> scores."
+    )
+  if isinstance(reward, (FunctionScorer, TokenScorer, RewardModelScorer, CombinedScorer)):
+    return reward
+  if callable(reward):
+    return FunctionScorer(reward, tokenizer=tokenizer)
+  raise ValueError(f"`reward` must be a reward model, a scorer or a function, got {reward!r}.")

@@ -40,6 +40,7 @@ from jax_ppo.models import (
     set_remat,
     value_model_from_reward_model,
 )
+from jax_ppo.parallel.distributed import barrier, is_main_process, multi_process
 from jax_ppo.parallel.placement import make_placement
 from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.trainer.presets import check_against_guide
@@ -81,6 +82,7 @@ def load_prompts(
     seed: int = 0,
     field: str = "RunConfig.prompts_path",
     max_tokens: int | None = None,
+    lazy: bool = False,
 ) -> PromptDataset:
   """Reads and tokenizes prompts: a .txt file (one per line), or a .jsonl or .parquet file or a
   local `datasets` folder with "prompt" or "messages" records (`jax_ppo.data.read_prompts`).
@@ -92,6 +94,9 @@ def load_prompts(
     field: how error messages name the path (the config field or the CLI flag).
     max_tokens: the longest prompt allowed (the policy's context `max_position_embeddings` minus
       `max_new_tokens`); None does not check.
+    lazy: tokenize each prompt when a batch first reads it (`PromptDataset.lazy`): what each
+      process of a multi-process run does, so that it tokenizes only its own rows; a prompt
+      too long or empty is then reported when its batch comes.
 
   Raises:
     FileNotFoundError / ValueError: naming `field`, the file, the line (or row) and the fix: no
@@ -101,7 +106,8 @@ def load_prompts(
   return read_prompts(
       check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
       max_tokens=max_tokens, max_tokens_note=" (the policy's context minus ppo.max_new_tokens)",
-      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False)
+      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False,
+      lazy=lazy)
 
 
 def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
@@ -175,6 +181,16 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
+  if config.mesh is None and multi_process():  # (before loading any model)
+    raise ValueError(
+        "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
+        "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
+  p = config.placement
+  if multi_process() and (p.policy_devices, p.reference, p.reward) != (None, None, None):
+    raise ValueError(
+        "RunConfig.placement: roles on sub-meshes of their own are single-process only (not yet "
+        "run across processes); in a multi-process job leave placement.policy_devices, "
+        "placement.reference and placement.reward unset, so every role shares RunConfig.mesh.")
   placement = None if config.mesh is None else make_placement(config.placement, config.mesh)
   mesh = None if placement is None else placement.policy
   reward_mesh = None if placement is None else placement.reward  # reward models load there
@@ -243,7 +259,8 @@ def build_trainer(
     set_remat(value_model, config.remat)
   if prompts is None:
     prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
-                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens))
+                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens),
+                           lazy=multi_process())  # (several processes: each its own rows)
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
@@ -328,6 +345,9 @@ def evaluate_run(
     `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
     "samples", "out"}` (also the content of `out`, without "out"); each sample is
     `{prompt_index, prompt, response, reward, length, kl}`.
+
+  Several processes (called by every process of a job that joined `jax.distributed`): every
+  process samples and scores, each gathering the scores and samples; process 0 writes `out`.
   """
   if isinstance(n, bool) or not isinstance(n, int) or n < 1:
     raise ValueError(f"--n={n!r} is invalid: give the number of samples per prompt (>= 1).")
@@ -379,8 +399,10 @@ def evaluate_run(
   }
   out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
       f"step_{step}.json")
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  if is_main_process():  # (several processes: every one evaluated; process 0 writes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  barrier(f"evaluate_run {out}")
   return {**result, "out": str(out)}
 
 
@@ -388,6 +410,8 @@ def export_run(
     run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None
 ) -> tuple[pathlib.Path, int]:
   """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
+
+  Several processes: every process calls it; process 0 writes (`PPOTrainer.export`).
 
   Returns:
     `(folder, step)`.

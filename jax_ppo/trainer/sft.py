@@ -53,6 +53,7 @@ from jax_ppo.data.sft import (
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
+from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.trainer.loop import SKIPPED_METRIC, RunLoop, RunOptions, RunStage
 from jax_ppo.trainer.optim import check_stage_fields, is_int, make_optimizer
 
@@ -496,11 +497,14 @@ class SFTTrainer(RunStage):
 
   def export(self, path: str | os.PathLike, *, dtype=None,
              max_shard_size: int | str | None = "5GB") -> pathlib.Path:
-    """Writes the model as a Hugging Face checkpoint folder (LoRA merged), with the tokenizer."""
+    """Writes the model as a Hugging Face checkpoint folder (LoRA merged), with the tokenizer.
+    Several processes: every process calls it; process 0 writes (`save_pretrained`)."""
     path = pathlib.Path(path)
     save_pretrained(self.model(), str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+    if (self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained")
+        and is_main_process()):
       self.tokenizer.save_pretrained(str(path))
+    barrier(f"export {path}")
     return path
 
 

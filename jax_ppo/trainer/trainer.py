@@ -36,6 +36,10 @@ the compiled step (state unchanged) and counted in `skipped_updates` (replayed b
 included); after `PPOConfig.max_consecutive_skips` consecutive updates with skips, `train()`
 raises `NonFiniteUpdates` naming likely causes and the last checkpoint before the skips.
 
+Several processes (a multi-host job, `jax_ppo.parallel.distributed`; a mesh is required): each
+process reads, pads and places only its own rows of every prompt batch, host-side rewards score
+only those rows (`jax_ppo.trainer.host_data`), process 0 alone writes logs, samples and exports.
+
 Rollback (`RunOptions.rollback`): when the monitor reports a collapse at update `n`, the latest
 checkpoint before `n` is restored, `lr_scale` is multiplied by `rollback_lr_factor`, the monitor
 forgets the updates after the restored step, and training continues from there (at most
@@ -65,12 +69,13 @@ from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
+from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.placement import Placement
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
-from jax_ppo.trainer import perf
+from jax_ppo.trainer import host_data, perf
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.loop import (
     CHECKPOINT_DIR,
@@ -82,33 +87,12 @@ from jax_ppo.trainer.loop import (
     TrainingHistory,
 )
 from jax_ppo.trainer.monitor import StabilityMonitor
-from jax_ppo.trainer.rewards import (
-    CombinedScorer,
-    FunctionScorer,
-    RewardModelScorer,
-    TokenScorer,
-    decode_rollout,
-)
+from jax_ppo.trainer.rewards import CombinedScorer, as_scorer, decode_rollout
 from jax_ppo.trainer.roles import place_frozen, placed_steps, resolve_placement, score
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
 
 __all__ = ["CHECKPOINT_DIR", "PPOTrainer", "RunCollapsed", "RunOptions"]
-
-
-def _as_scorer(reward, tokenizer):
-  if isinstance(reward, ScalarModel):
-    return RewardModelScorer(reward, policy_tokenizer=tokenizer)
-  if isinstance(reward, nnx.Module):
-    raise ValueError(
-        f"`reward` is a {type(reward).__name__}; pass a ScalarModel reward model, a scorer, or "
-        "a function fn(prompts, responses) -> scores."
-    )
-  if isinstance(reward, (FunctionScorer, TokenScorer, RewardModelScorer, CombinedScorer)):
-    return reward
-  if callable(reward):
-    return FunctionScorer(reward, tokenizer=tokenizer)
-  raise ValueError(f"`reward` must be a reward model, a scorer or a function, got {reward!r}.")
 
 
 def _rng_state(state: dict[str, Any], *, encode: bool) -> dict[str, Any]:
@@ -180,10 +164,16 @@ class PPOTrainer(RunStage):
   ):
     self.config = c = config
     self.placement = resolve_placement(mesh, placement)
-    self.mesh = mesh = None if self.placement is None else self.placement.policy
+    mesh = None if self.placement is None else self.placement.policy
+    if mesh is None and host_data.multi_process():
+      raise ValueError(
+          f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
+          "trains on one device mesh over every process's devices; give a mesh (RunConfig.mesh, "
+          "e.g. mesh.data=-1, or PPOTrainer(mesh=jax_ppo.parallel.make_mesh(...))).")
+    self.mesh = mesh
     self.dataset = prompts
     self.tokenizer = tokenizer
-    self.scorer = _as_scorer(reward, tokenizer)
+    self.scorer = as_scorer(reward, tokenizer)
     self.lora = has_lora(policy)
 
     shared_value_head = c.uses_critic and value_model is None
@@ -366,9 +356,14 @@ class PPOTrainer(RunStage):
     """Runs one PPO update (rollout, scoring, experience, epochs) and returns its metrics."""
     c = self.config
     t_start = time.perf_counter()
-    prompt_ids, texts = self.dataset.batch(self.data_position, c.prompts_per_update)
     key = jax.random.fold_in(self._rollout_key, self.step_count)
-    rollout = self.sampler(prompt_ids, key, state=self.policy_state())
+    if host_data.multi_process():  # each process reads, pads and places only its own rows
+      rollout, texts = host_data.sample_local_prompts(
+          self.sampler, self.dataset, self.data_position, c.prompts_per_update, key,
+          state=self.policy_state())
+    else:
+      prompt_ids, texts = self.dataset.batch(self.data_position, c.prompts_per_update)
+      rollout = self.sampler(prompt_ids, key, state=self.policy_state())
     jax.block_until_ready(rollout.response_ids)
     t_rollout = time.perf_counter()
 
@@ -421,12 +416,15 @@ class PPOTrainer(RunStage):
         "episode": float(self.state.episode),
         "step": float(self.step_count),
         "rollout/prompt_len": float(prompt_len),
-        "rollout/response_length": float(np.asarray(rollout.response_mask).sum(1).mean()),
+        "rollout/response_length": float(
+            host_data.gathered(rollout.response_mask).sum(1).mean()),
     })
     if self.peak_flops:
       metrics["mfu"] = flops / total / self.peak_flops
     self.last_rollout = rollout
-    self.last_scores = np.asarray(raw_scores)
+    # (several processes: the global scores, gathered for the logged samples only; the texts of
+    # this process's prompts)
+    self.last_scores = raw_scores if host_data.is_global(raw_scores) else np.asarray(raw_scores)
     self.last_prompt_texts = texts
     return metrics
 
@@ -456,12 +454,15 @@ class PPOTrainer(RunStage):
     """`{stage, step, prompt, response, reward}` records of the last rollout."""
     if self.last_rollout is None:
       return []
-    r = jax.tree.map(lambda x: x[:limit], self.last_rollout)
+    # (several processes: every process gathers the `limit` rows, as `RunLoop.record` calls
+    # this on every process; only process 0's logger writes them)
+    r = jax.tree.map(lambda x: host_data.gathered(x[:limit]), self.last_rollout)
     prompts, responses = self._texts(r)
+    scores = host_data.gathered(self.last_scores[:limit])
     return [
         {"stage": stage, "step": self.step_count, "prompt": p, "response": q,
          "reward": float(s)}
-        for p, q, s in zip(prompts, responses, self.last_scores[:limit], strict=True)
+        for p, q, s in zip(prompts, responses, scores, strict=True)
     ]
 
   def evaluate(
@@ -508,11 +509,12 @@ class PPOTrainer(RunStage):
     for i, start in enumerate(range(0, len(prompts), chunk_size)):
       rollout = sampler(list(prompts[start:start + chunk_size]), jax.random.fold_in(key, i),
                         state=self.policy_state())
-      chunk_scores = np.asarray(score(self.placement, self.scorer, rollout, self.frozen.reward),
+      chunk_scores = np.asarray(host_data.gathered(score(self.placement, self.scorer, rollout,
+                                                        self.frozen.reward)),
                                 np.float64)
-      logprobs, ref_logprobs = jax.device_get(
-          self._eval_logprobs(self.state.policy, self.frozen, rollout)
-      )
+      logprobs, ref_logprobs = (host_data.gathered(x) for x in self._eval_logprobs(
+          self.state.policy, self.frozen, rollout))
+      rollout = jax.tree.map(host_data.gathered, rollout)  # (several processes: all rows)
       mask = np.asarray(rollout.response_mask).astype(bool)
       chunk_kl = np.sum((logprobs - ref_logprobs) * mask, axis=1)
       scores.append(chunk_scores)
@@ -568,6 +570,8 @@ class PPOTrainer(RunStage):
     LoRA adapters are merged into the kernels and a value head on the policy trunk is left out
     (`jax_ppo.models.save_pretrained`); the tokenizer, when the trainer has one, is saved next
     to it. `jax_ppo.models.from_pretrained` and `transformers.AutoModelForCausalLM` load it.
+    Several processes: every process calls it; process 0 writes, gathering one tensor at a
+    time, and every process returns once the folder is complete.
 
     Args:
       path: output folder (created).
@@ -579,6 +583,8 @@ class PPOTrainer(RunStage):
     """
     path = pathlib.Path(path)
     save_pretrained(self.policy_model(), str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+    if (self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained")
+        and is_main_process()):
       self.tokenizer.save_pretrained(str(path))
+    barrier(f"export {path}")
     return path

@@ -69,3 +69,51 @@ def run_on_devices(script: str | os.PathLike, *args: str, devices: int = 8,
   if not lines:
     raise AssertionError(f"{path.name} printed nothing; stderr:\n{proc.stderr[-2000:]}")
   return json.loads(lines[-1])
+
+
+def run_processes_of(script: str | os.PathLike, *args: str, num_processes: int,
+                     devices_per_process: int, timeout: float = 420) -> list[str]:
+  """Runs `script ARGS... PORT NUM_PROCESSES PROCESS_ID` in `num_processes` processes with
+  `devices_per_process` fake CPU devices each (the script joins them through `jax.distributed`
+  on 127.0.0.1:PORT); returns each process's output.
+
+  Raises:
+    AssertionError: a process failed or the job ran past `timeout` (with every output's tail).
+  """
+  import tempfile
+
+  from jax_ppo.parallel.selfcheck import free_port
+
+  path = pathlib.Path(script)
+  if not path.is_absolute():
+    path = SCRIPTS / path
+  port = str(free_port())
+  env = device_env(devices_per_process)
+  with tempfile.TemporaryDirectory() as tmp:
+    logs = [open(pathlib.Path(tmp) / f"{i}.log", "w+", encoding="utf-8")  # noqa: SIM115
+            for i in range(num_processes)]
+    procs = [subprocess.Popen([sys.executable, str(path), *map(str, args), port,
+                               str(num_processes), str(i)],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+             for i, log in enumerate(logs)]
+    failure = None
+    try:
+      for p in procs:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      failure = f"the job ran past {timeout} s"
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+          p.wait()
+    outputs = []
+    for log in logs:
+      log.seek(0)
+      outputs.append(log.read())
+      log.close()
+  codes = [p.returncode for p in procs]
+  if failure or any(codes):
+    tails = "\n".join(f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(outputs))
+    raise AssertionError(f"{path.name}: {failure or f'exit codes {codes}'}\n{tails}")
+  return outputs

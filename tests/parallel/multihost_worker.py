@@ -3,8 +3,10 @@ pytest: its name does not start with test_).
 
     python multihost_worker.py PORT PROCESS_ID OUT_DIR
 
-Joins a 2-process job over 127.0.0.1 (2 fake CPU devices each), then: saves and restores an
-array sharded over all 4 devices with `RunCheckpointer` (every process calls save and restore),
+Joins a 2-process job over 127.0.0.1 (2 fake CPU devices each), then: saves steps 1 and 2 of an
+array sharded over all 4 devices with `RunCheckpointer` (every process calls save), damages step
+2 (process 0 deletes its metadata item) and restores the latest readable step, 1 (every process
+restores; only process 0 may move step 2 into corrupt/, each process records its moves),
 logs one step with `MetricsLogger` into OUT_DIR/run (only process 0 may write), writes OUT_DIR/
 readyI, and polls `preemption_notice(step)` every 50 ms until it fires (the test sends SIGTERM to
 one process). Its findings go to OUT_DIR/resultI.json.
@@ -12,11 +14,13 @@ one process). Its findings go to OUT_DIR/resultI.json.
 
 import json
 import pathlib
+import shutil
 import sys
 import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jax_ppo.checkpoint import RunCheckpointer
@@ -28,6 +32,13 @@ from jax_ppo.parallel.distributed import (
     multi_process,
     preemption_notice,
 )
+
+MOVES: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple) -> None:
+  if event == "os.rename" and "checkpoints" in str(args[0]):
+    MOVES.append([str(args[0]), str(args[1])])
 
 
 def main(port: str, pid: int, out: pathlib.Path) -> None:
@@ -42,8 +53,16 @@ def main(port: str, pid: int, out: pathlib.Path) -> None:
   w = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
   with RunCheckpointer(out / "checkpoints", async_save=False) as ckpt:
     ckpt.save(1, {"w": w}, {"loss": 0.5}, {"data_position": 3})
+    ckpt.save(2, {"w": w}, {"loss": 0.5}, {"data_position": 4})
+  if pid == 0:
+    shutil.rmtree(out / "checkpoints" / "2" / "meta")
+  multihost_utils.sync_global_devices("damaged")
+  sys.addaudithook(_audit)  # (from here on: the moves of the restore)
   with RunCheckpointer(out / "checkpoints") as ckpt:
     state, extra = ckpt.restore(like={"w": w})
+    result["steps_after_restore"] = ckpt.steps()
+  result["moves"] = [[pathlib.Path(a).relative_to(out).as_posix(),
+                      pathlib.Path(b).relative_to(out).as_posix()] for a, b in MOVES]
   result["restored_sharding_ok"] = state["w"].sharding == sharding
   result["restored_equal"] = all(
       np.array_equal(np.asarray(s.data), host[s.index]) for s in state["w"].addressable_shards)

@@ -1,6 +1,7 @@
 """Two processes (2 fake CPU devices each) over 127.0.0.1: an Orbax checkpoint of an array
-sharded over both processes' devices saves and restores with every process taking part, only
-process 0 writes logs, and a preemption notice (SIGTERM) sent to process 1 stops both processes
+sharded over both processes' devices saves and restores with every process taking part, a
+damaged step is moved aside by process 0 alone (`RunCheckpointer.set_aside`), only process 0
+writes logs, and a preemption notice (SIGTERM) sent to process 1 stops both processes
 at the same step (`jax_ppo.parallel.distributed.preemption_notice`). The processes run
 tests/parallel/multihost_worker.py."""
 
@@ -50,13 +51,17 @@ def test_checkpoint_logs_and_preemption_over_two_processes(tmp_path):
   for i, r in enumerate(results):
     assert r["process"] == i and r["devices"] == 4 and r["multi"] and r["main"] == (i == 0)
     assert r["restored_sharding_ok"] and r["restored_equal"]
-    assert r["extra"] == {"data_position": 3}
+    assert r["extra"] == {"data_position": 3}  # step 2 was damaged: step 1 restored
+    assert r["steps_after_restore"] == [1]
+  assert results[0]["moves"] == [["checkpoints/2", "checkpoints/corrupt/2"]]
+  assert results[1]["moves"] == []
   stops = [r["stopped_at"] for r in results]
   assert stops[0] is not None and stops[0] == stops[1]  # the same step on both
   assert (tmp_path / "run" / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.25}\n'
   assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
       "metrics.jsonl", "samples.jsonl", "tensorboard"]
-  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1", "corrupt"]
+  assert sorted(p.name for p in (tmp_path / "checkpoints" / "corrupt").iterdir()) == ["2"]
 
 
 def _output(logs) -> str:
