@@ -252,10 +252,11 @@ class PPOSteps:
     rewards = core.shape_rewards(scores, kl, mask, kl_coef=beta_in_reward)
     seq_kl = jnp.sum(kl, axis=1)
 
+    critic_values = behaviour.get("values") if values is None else values
     values = jnp.zeros(mask.shape, jnp.float32)
     returns = jnp.zeros(mask.shape, jnp.float32)
     if c.advantage_mode == "gae":
-      values = jnp.where(mask, behaviour["values"] if values is None else values, 0.0)
+      values = jnp.where(mask, critic_values, 0.0)
       gae_rewards = core.masked_whiten(rewards, mask, shift_mean=False) if c.whiten_rewards else (
           rewards)
       advantages, returns = core.gae(gae_rewards, values, mask, gamma=c.gamma, lam=c.lam)

@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 import jax
+import numpy as np
 from flax import nnx
 from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, policy, prompts
 
@@ -41,7 +42,7 @@ def placements():
 
 def build(mode: str, placement):
   common = dict(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,), pad_token_id=PAD,
-                learning_rate=1e-2, lr_schedule="constant", total_updates=4, reward_clip=None,
+                learning_rate=1e-3, lr_schedule="constant", total_updates=4, reward_clip=None,
                 kl_controller="adaptive", kl_target=0.01, kl_horizon=10, vf_coef=0.5)
   if mode == "gae":
     config = PPOConfig(batch_size=8, num_minibatches=2, gradient_accumulation_steps=2,
@@ -126,14 +127,18 @@ def compare(mode: str, root: pathlib.Path) -> dict:
       jax.device_put(rollout, jax.sharding.NamedSharding(split.placement.critic,
                                                          jax.sharding.PartitionSpec()))))
   out["values_program_devices"] = devices_of(values)
-  out["values_transferred_devices"] = devices_of(
-      split.steps.critic_values(split.state, split.frozen, rollout))
+  values = split.steps.critic_values(split.state, split.frozen, rollout)
+  out["values_transferred_devices"] = devices_of(values)
   batch1, m1 = update(shared, rollout, scores1)
   batch2, m2 = update(split, rollout, scores2)
   out.update({
       "batch_devices": devices_of(batch2),
       "layout": layout(split.state),
-      "max_values_diff": max_abs_diff(batch1.old_values, batch2.old_values),
+      # The critic's values of the rollout (its own program, before the update) are the old
+      # values of both batches, and not 0.
+      "max_values_diff": max(max_abs_diff(batch1.old_values, values),
+                             max_abs_diff(batch2.old_values, values)),
+      "values_size": float(np.max(np.abs(np.asarray(values)))),
       "max_batch_diff": max_abs_diff(batch1, batch2),
       "max_policy_diff": max_abs_diff(shared.state.policy, split.state.policy),
       "max_value_diff": max_abs_diff(shared.state.value, split.state.value),
