@@ -142,6 +142,9 @@ class CriticPrograms:
     if not steps.critic_apart:
       raise ValueError("CriticPrograms needs PPOSteps(..., critic_apart=True): the policy "
                        "programs must not train the critic too.")
+    if steps.value_graphdef is None or steps.shared_value_head:
+      raise ValueError("A critic on a mesh of its own needs a separate critic model "
+                       "(value_graphdef), not a value head on the policy trunk.")
     self.steps = steps
     self.config = steps.config
     self.mesh = mesh
@@ -193,8 +196,10 @@ class CriticPrograms:
     (grads, loss, metrics), _ = jax.lax.scan(
         accumulate, (jax.tree.map(jnp.zeros_like, value), jnp.zeros((), jnp.float32), zeros),
         (micro, weights))
-    finite = jnp.isfinite(loss) & jnp.all(jnp.asarray(
-        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    # The global norm is NaN or inf exactly when some entry is (or it overflows float32): one
+    # reduction, also the `critic/grad_norm` metric.
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def step(operands):
       value, opt_state, grads = operands
@@ -204,7 +209,7 @@ class CriticPrograms:
 
     value, opt_state = jax.lax.cond(finite & stepped, step, lambda ops: ops[:2],
                                     (value, opt_state, grads))
-    metrics = {**metrics, "critic/grad_norm": optax.tree.norm(grads),
+    metrics = {**metrics, "critic/grad_norm": grad_norm,
                "skipped": (~finite & stepped).astype(jnp.float32)}
     return value, opt_state, metrics
 

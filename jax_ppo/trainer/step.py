@@ -98,9 +98,6 @@ class PPOSteps:
       mesh: Mesh | None = None,
       critic_apart: bool = False,
   ):
-    if critic_apart and (value_graphdef is None or shared_value_head):
-      raise ValueError("critic_apart needs a separate critic model (value_graphdef), not a value "
-                       "head on the policy trunk.")
     if config.uses_critic and value_graphdef is None and not shared_value_head:
       raise ValueError(
           "advantage_mode='gae' needs a critic: pass a value model or use a value head on the "

@@ -19,7 +19,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.parallel import MeshConfig, make_mesh
 from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh
 from jax_ppo.trainer import PPOConfig
-from jax_ppo.trainer.critic import join, split_state
+from jax_ppo.trainer.critic import CriticPrograms, join, split_state
 from jax_ppo.trainer.optim import make_optimizer
 from jax_ppo.trainer.roles import PlacedSteps, place_frozen
 from jax_ppo.trainer.run_config import RunConfig, load_run_config
@@ -165,9 +165,10 @@ def test_a_value_head_cannot_be_split():
     place_frozen(frozen, placement)
   config = PPOConfig(batch_size=8, max_new_tokens=4)
   optimizer, schedule = make_optimizer(config)
-  with pytest.raises(ValueError, match="critic_apart needs a separate critic model"):
-    PPOSteps(config, policy_graphdef=None, value_graphdef=None, shared_value_head=True,
-             lora=False, optimizer=optimizer, schedule=schedule, critic_apart=True)
+  apart = PPOSteps(config, policy_graphdef=None, value_graphdef=None, shared_value_head=True,
+                   lora=False, optimizer=optimizer, schedule=schedule, critic_apart=True)
+  with pytest.raises(ValueError, match="needs a separate critic model .*not a value head"):
+    CriticPrograms(apart, placement.policy)
   steps = PPOSteps(config, policy_graphdef=None, value_graphdef=None, shared_value_head=True,
                    lora=False, optimizer=optimizer, schedule=schedule, mesh=placement.policy)
   with pytest.raises(ValueError, match=r"critic_apart=True\) exactly when placement.critic"):
