@@ -19,7 +19,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.parallel import MeshConfig, make_mesh
 from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh
 from jax_ppo.trainer import PPOConfig
-from jax_ppo.trainer.critic import CriticPrograms, join, split_state
+from jax_ppo.trainer.critic import CriticBatch, CriticPrograms, join, split_state
 from jax_ppo.trainer.optim import make_optimizer
 from jax_ppo.trainer.roles import PlacedSteps, place_frozen
 from jax_ppo.trainer.run_config import RunConfig, load_run_config
@@ -195,3 +195,74 @@ def test_split_state_round_trip():
   back = join(policy_state, state.value, value_opt, layout)
   assert jax.tree.structure(back) == jax.tree.structure(state)
   assert all(a is b for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True))
+
+
+# -- the critic's update program (one device) ----------------------------------------------------
+
+def _critic_programs(**ppo):
+  """`CriticPrograms` of a tiny critic on a one-device mesh, its state and a batch of 8 rows
+  (4 prompt and 4 response slots)."""
+  model = ModelConfig(model_type="llama", vocab_size=16, hidden_size=8, intermediate_size=16,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+                      max_position_embeddings=16)
+  config = PPOConfig(batch_size=8, max_new_tokens=4, num_minibatches=2, ppo_epochs=2,
+                     learning_rate=1e-2, **ppo)
+  optimizer, schedule = make_optimizer(config)
+  graphdef, value, rest = nnx.split(ScalarModel(model, rngs=nnx.Rngs(0)), nnx.Param, ...)
+  steps = PPOSteps(config, policy_graphdef=None, value_graphdef=graphdef,
+                   shared_value_head=False, lora=False, optimizer=optimizer, schedule=schedule,
+                   critic_apart=True)
+  programs = CriticPrograms(steps, make_mesh(MeshConfig(), devices=jax.devices()))
+  rows = jax.random.split(jax.random.PRNGKey(1), 3)
+  batch = CriticBatch(
+      input_ids=jax.random.randint(rows[0], (8, 8), 3, 16),
+      attention_mask=jax.numpy.ones((8, 8), jax.numpy.int32),
+      positions=jax.numpy.broadcast_to(jax.numpy.arange(8), (8, 8)),
+      response_ids=jax.numpy.zeros((8, 4), jax.numpy.int32),
+      response_mask=jax.numpy.ones((8, 4), bool).at[:, 3].set(False),
+      old_values=jax.random.normal(rows[1], (8, 4)),
+      returns=jax.random.normal(rows[2], (8, 4)))
+  return programs, value, rest, optimizer.init(value), batch
+
+
+def _plan(ran, stepped=None):
+  ran = jax.numpy.asarray(ran)
+  order = jax.numpy.arange(8, dtype=jax.numpy.int32)[::-1].reshape(1, 2, 4)
+  return {"order": jax.numpy.broadcast_to(order, (ran.shape[0], 2, 4)), "ran": ran,
+          "stepped": ran if stepped is None else jax.numpy.asarray(stepped)}
+
+
+def _run(programs, value, rest, opt_state, batch, plan):
+  copy = jax.tree.map(jax.numpy.copy, (value, opt_state))  # the update donates them
+  return programs.update(*copy, rest, batch, plan, jax.numpy.ones((), jax.numpy.float32))
+
+
+def _same(a, b) -> bool:
+  return all(bool((x == y).all()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                                  strict=True))
+
+
+def test_critic_update_follows_the_policys_plan():
+  programs, value, rest, opt_state, batch = _critic_programs()
+  # The minibatches after the policy's early stop are not run: epoch 2 stopped equals 1 epoch.
+  stopped = _run(programs, value, rest, opt_state, batch, _plan([[True, True], [False, False]]))
+  one_epoch = _run(programs, value, rest, opt_state, batch, _plan([[True, True]]))
+  assert _same(stopped[:2], one_epoch[:2]) and not _same(stopped[0], value)
+  assert float(stopped[2]["loss/value_avg"]) == pytest.approx(
+      float(one_epoch[2]["loss/value_avg"]))
+  # Where the policy's step was skipped (non-finite), the critic's is too, uncounted.
+  held = _run(programs, value, rest, opt_state, batch,
+              _plan([[True, True], [True, True]], stepped=[[False, False], [False, False]]))
+  assert _same(held[:2], (value, opt_state)) and float(held[2]["skipped_updates"]) == 0
+
+
+def test_a_non_finite_critic_step_is_skipped_and_counted():
+  programs, value, rest, opt_state, batch = _critic_programs()
+  nan = batch.replace(returns=batch.returns.at[0, 0].set(jax.numpy.nan))
+  out = _run(programs, value, rest, opt_state, nan, _plan([[True, True], [True, False]]))
+  # Row 0 is in the second minibatch (the order is reversed), which runs in epoch 1 only: that
+  # step is skipped, the first minibatch's two steps are not.
+  assert float(out[2]["skipped_updates"]) == 1.0 and not _same(out[0], value)
+  all_nan = batch.replace(returns=jax.numpy.full_like(batch.returns, jax.numpy.nan))
+  out = _run(programs, value, rest, opt_state, all_nan, _plan([[True, True], [True, False]]))
+  assert _same(out[:2], (value, opt_state)) and float(out[2]["skipped_updates"]) == 3.0
