@@ -21,9 +21,9 @@ Public API (everything a run needs; see each module for details):
   `jax.distributed` (`jax_ppo.parallel.distributed`); `selfcheck`: the same tiny PPO update on
   one device, a mesh and several processes (`experiments/scale_check.py`).
 
-* `PlacementConfig`, `RoleMesh`, `make_placement` and `Placement`: the reference and the reward
-  model on sub-meshes of their own, or sharing the policy's (`jax_ppo.parallel.placement`;
-  `RunConfig.placement`, `PPOTrainer(..., placement=...)`).
+* `PlacementConfig`, `RoleMesh`, `make_placement` and `Placement`: the reference, the reward
+  model and a separate critic on sub-meshes of their own, or sharing the policy's
+  (`jax_ppo.parallel.placement`; `RunConfig.placement`, `PPOTrainer(..., placement=...)`).
 
 Runs take the mesh from `RunConfig.mesh` (`jax-ppo train ... mesh.fsdp=2`), `PPOTrainer(...,
 mesh=mesh)` places the policy, reference, critic and reward model on the same mesh (a LoRA

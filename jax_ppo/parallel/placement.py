@@ -1,28 +1,36 @@
-"""Per-role placement: the frozen roles of a PPO run on their own sub-meshes, or sharing one.
+"""Per-role placement: the roles of a PPO run on their own sub-meshes, or sharing one.
 
 A PPO run has four models: the policy (trained), its critic (trained with it), the reference
 policy (frozen) and the reward model (frozen). By default every role lives on one mesh, the
 policy's (`RunConfig.mesh`), and the experience and update steps are single SPMD programs over
-it. `PlacementConfig` gives the reference and/or the reward model a *sub-mesh* of their own: a
-slice `[start, stop)` of `jax.devices()` that the policy does not use, with its own
-`MeshConfig` over those devices. Both may name the same slice (and mesh sizes): they then share
-that sub-mesh.
+it. `PlacementConfig` gives the reference, the reward model and/or a separate critic a
+*sub-mesh* of their own: a slice `[start, stop)` of `jax.devices()` that the policy does not
+use, with its own `MeshConfig` over those devices. Split roles may name the same slice (and
+mesh sizes): they then share that sub-mesh.
 
 With a split role, its computation is its own compiled program on its sub-mesh
-(`jax_ppo.trainer.roles`): the reference log-probs `[B, T]` and the reward-model scores `[B]`.
-Inputs and results cross between meshes only through `transfer`, an explicit `jax.device_put`
-to the target mesh's `NamedSharding` (rows split over `data` x `fsdp`, parameters by the
-logical-axis rules); no program ever reads arrays of two meshes. What crosses per update:
+(`jax_ppo.trainer.roles`, `jax_ppo.trainer.critic`): the reference log-probs `[B, T]`, the
+reward-model scores `[B]`, the critic's values `[B, T]` and the critic's update. Inputs and
+results cross between meshes only through `transfer`, an explicit `jax.device_put` to the
+target mesh's `NamedSharding` (rows split over `data` x `fsdp`, parameters by the logical-axis
+rules); no program ever reads arrays of two meshes. What crosses per update:
 
-* policy mesh -> reference / reward mesh: the rollout's token ids, masks and positions
+* policy mesh -> reference / reward / critic mesh: the rollout's token ids, masks and positions
   (`[B, S + T]` int32 each, a few KiB per row);
 * reference mesh -> policy mesh: the reference log-probs `[B, T]` float32;
-* reward mesh -> policy mesh: the scores `[B]` float32.
+* reward mesh -> policy mesh: the scores `[B]` float32;
+* critic mesh -> policy mesh: the values `[B, T]` float32 (for GAE) and the critic's update
+  metrics (scalars);
+* policy mesh -> critic mesh: the batch's token ids, masks, old values and returns, the
+  minibatch order `[E, M, B / M]` int32 and which minibatches ran `[E, M]` (the policy's early
+  stop), and the learning-rate scale.
 
-The weights never move after they are placed. The critic trains with the policy (one optimizer
-over both, one global gradient-norm clip), so it always lives on the policy mesh. A LoRA
-policy's reference is its own base weights with the adapters switched off, so its reference
-must stay on the policy mesh: a split reference would need a second copy of the base weights.
+The weights never move after they are placed. A split critic must be a model of its own
+(`value_model`), not a value head on the policy trunk; it keeps its optimizer state on its
+mesh and its gradient is clipped by its own global norm (shared: one norm over both models).
+A LoRA policy's reference is its own base weights with the adapters switched off, so its
+reference must stay on the policy mesh: a split reference would need a second copy of the base
+weights.
 """
 
 from __future__ import annotations
@@ -38,9 +46,9 @@ from jax_ppo.parallel import rules
 from jax_ppo.parallel.mesh import MeshConfig, make_mesh
 
 #: Roles that `PlacementConfig` can place on their own devices ("policy" is the trained one).
-ROLES = ("policy", "reference", "reward")
+ROLES = ("policy", "reference", "reward", "critic")
 #: Roles that may get a sub-mesh of their own.
-SPLIT_ROLES = ("reference", "reward")
+SPLIT_ROLES = ("reference", "reward", "critic")
 
 
 def _device_slice(value: Any) -> tuple[int, int] | None:
@@ -88,11 +96,15 @@ class PlacementConfig:
 
   Attributes:
     policy_devices: `[start, stop)` of `jax.devices()` for the policy's mesh (`RunConfig.mesh`
-      over them; the critic and the optimizer state live there too). None: every device that
-      no split role uses.
+      over them; its optimizer state lives there too). None: every device that no split role
+      uses.
     reference: the reference policy's own devices and mesh; None: shared with the policy's
       mesh (its log-probs are computed inside the experience program, as without placement).
     reward: the reward model's (or reward models') own devices and mesh; None: shared.
+    critic: a separate critic's own devices and mesh (its parameters and optimizer state live
+      there; its values and its update are programs of their own, `jax_ppo.trainer.critic`);
+      None: shared (trained with the policy in one program, as without placement). Only for a
+      critic that is a model of its own, not a value head on the policy trunk.
 
   Split roles may name the same devices with the same mesh sizes (they then share that
   sub-mesh); otherwise no device may be used by two meshes.
@@ -101,6 +113,7 @@ class PlacementConfig:
   policy_devices: tuple[int, int] | None = None
   reference: RoleMesh | None = None
   reward: RoleMesh | None = None
+  critic: RoleMesh | None = None
 
   def __post_init__(self):
     if self.policy_devices is not None:
@@ -188,19 +201,25 @@ class Placement:
   """The meshes of a run's roles; a shared role's mesh *is* the policy's (`is`).
 
   Attributes:
-    policy: the policy's (and critic's) mesh.
+    policy: the policy's mesh.
     reference: the reference policy's mesh.
     reward: the reward model's mesh.
+    critic: the critic's mesh (None: the policy's).
   """
 
   policy: Mesh
   reference: Mesh
   reward: Mesh
+  critic: Mesh | None = None
+
+  def __post_init__(self):
+    if self.critic is None:
+      object.__setattr__(self, "critic", self.policy)
 
   @classmethod
   def shared(cls, mesh: Mesh) -> Placement:
     """Every role on `mesh`."""
-    return cls(mesh, mesh, mesh)
+    return cls(mesh, mesh, mesh, mesh)
 
   def mesh(self, role: str) -> Mesh:
     """The mesh of `role` (one of `ROLES`)."""
@@ -250,7 +269,7 @@ def make_placement(config: PlacementConfig | None, mesh_config: MeshConfig | Non
       start, stop = rm.devices
       by_slice[rm.devices] = make_mesh(rm.mesh, devices=devices[start:stop])
     meshes[role] = by_slice[rm.devices]
-  return Placement(policy, meshes["reference"], meshes["reward"])
+  return Placement(policy, meshes["reference"], meshes["reward"], meshes["critic"])
 
 
 def transfer(tree: Any, mesh: Mesh, *, kind: str) -> Any:
@@ -259,14 +278,17 @@ def transfer(tree: Any, mesh: Mesh, *, kind: str) -> Any:
   Args:
     tree: arrays (on any devices, or host arrays).
     mesh: the target mesh.
-    kind: "batch" (rows split over `data` x `fsdp`: rollouts, scores, log-probs) or "params"
-      (the logical-axis rules: weights).
+    kind: "batch" (rows split over `data` x `fsdp`: rollouts, scores, log-probs), "params"
+      (the logical-axis rules: weights) or "replicated" (a copy on every device: metrics, the
+      minibatch plan, scalars).
   """
   if kind == "batch":
     return jax.device_put(tree, rules.batch_shardings(tree, mesh))
   if kind == "params":
     return jax.device_put(tree, rules.param_shardings(tree, mesh))
-  raise ValueError(f"transfer: unknown kind {kind!r}; use 'batch' or 'params'.")
+  if kind == "replicated":
+    return jax.device_put(tree, jax.tree.map(lambda _: rules.replicated(mesh), tree))
+  raise ValueError(f"transfer: unknown kind {kind!r}; use 'batch', 'params' or 'replicated'.")
 
 
 __all__ = ["Placement", "PlacementConfig", "ROLES", "RoleMesh", "SPLIT_ROLES", "make_placement",

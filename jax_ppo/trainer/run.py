@@ -249,7 +249,8 @@ def build_trainer(
   if config.value_model_path is not None:
     if ppo.uses_critic:
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
-                                      param_dtype=jnp.float32, mesh=mesh)
+                                      param_dtype=jnp.float32,
+                                      mesh=None if placement is None else placement.critic)
       grow_vocab(value_model, len(tokenizer), resize=config.resize_embeddings, what="value model")
       check_vocab_covers(tokenizer, value_model.config)
     else:

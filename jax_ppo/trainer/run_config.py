@@ -143,14 +143,16 @@ class RunConfig:
   `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices; None: one device.
   A run may resume on another mesh (checkpoints restore into the new shardings)."""
   placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
-  """Where the frozen roles live (`jax_ppo.parallel.placement`): by default the reference and
-  the reward model share the policy's mesh. `placement.reference` and `placement.reward` may
-  each be `{devices: [start, stop), mesh: {...}}`, a slice of `jax.devices()` the policy does
-  not use with its own mesh sizes (the same slice for both: they share it); their forward passes
-  then run as their own programs there, rollout tokens going to them and log-probs / scores
-  coming back by explicit transfers. `placement.policy_devices`: the policy's slice (default:
-  every device no split role uses). Needs `mesh`; a LoRA policy keeps its reference shared (its
-  base weights, one copy)."""
+  """Where the roles live (`jax_ppo.parallel.placement`): by default the reference, the reward
+  model and the critic share the policy's mesh. `placement.reference`, `placement.reward` and
+  `placement.critic` may each be `{devices: [start, stop), mesh: {...}}`, a slice of
+  `jax.devices()` the policy does not use with its own mesh sizes (the same slice: they share
+  it); their forward passes (and the critic's update) then run as their own programs there,
+  rollout tokens going to them and log-probs / scores / values coming back by explicit
+  transfers. `placement.policy_devices`: the policy's slice (default: every device no split
+  role uses). Needs `mesh`; a LoRA policy keeps its reference shared (its base weights, one
+  copy); a split critic must be a model of its own (not a value head on the policy) and its
+  gradient is clipped by its own global norm (`jax_ppo.trainer.critic`)."""
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   """Multi-host set-up (`jax_ppo.parallel.distributed`): "auto" joins a multi-process job when
   the environment or `distributed.coordinator_address` describes one (e.g.
@@ -225,6 +227,20 @@ class RunConfig:
       raise ValueError("RunConfig.placement.reward gives the reward model its own devices, but "
                        "the run has no reward model (reward_function / function rewards have no "
                        "weights to place); remove placement.reward.")
+    if p.critic is not None:
+      has_reward_model = self.reward_model_path is not None or any(
+          r.model_path is not None for r in self.rewards)
+      why = None
+      if not self.ppo.uses_critic:
+        why = f"ppo.advantage_mode={self.ppo.advantage_mode!r} has no critic"
+      elif self.value_model_path is None and not has_reward_model:
+        why = ("without value_model_path or a reward model to start it from, the critic is a "
+               "value head on the policy trunk")
+      if why is not None:
+        raise ValueError(
+            f"RunConfig.placement.critic gives the critic its own devices, but the run has no "
+            f"separate critic model ({why}); use advantage_mode 'gae' with value_model_path (or "
+            "a reward model), or remove placement.critic.")
 
   def run_options(self) -> RunOptions:
     """The trainer's `RunOptions` for this run."""

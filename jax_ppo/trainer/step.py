@@ -23,7 +23,10 @@ two compiled functions:
 With the reference on a sub-mesh of its own (`jax_ppo.trainer.roles`), `reference_logprobs` is
 compiled apart on that mesh and `experience` / `experience_update` take its result as a fifth
 argument `ref_logprobs [B, T]` instead of running the reference forward pass; with four
-arguments they are the programs above, unchanged.
+arguments they are the programs above, unchanged. With the critic on a sub-mesh of its own
+(`critic_apart`, `jax_ppo.trainer.critic`) these programs train the policy only: the values
+come in as `values [B, T]`, the loss has no value term, and with `plan=True` the updates also
+return the minibatch order and which minibatches ran, for the critic's own update program.
 
 Non-finite updates: an optimizer step whose loss or gradient holds a NaN or an inf is skipped
 inside the compiled step (parameters and optimizer state unchanged, bit for bit) and counted in
@@ -71,6 +74,8 @@ class PPOSteps:
     optimizer: the optax transformation over `{"policy", "value"}`.
     mesh: a device mesh: the steps are compiled with explicit shardings
       (`jax_ppo.parallel.jit.ppo_step_jits`); None: plain `jax.jit`.
+    critic_apart: the separate critic (`value_graphdef`) lives on a mesh of its own: the
+      programs here read and train the policy only (`jax_ppo.trainer.critic`).
 
   Attributes:
     logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass (default
@@ -91,6 +96,7 @@ class PPOSteps:
       optimizer: optax.GradientTransformation,
       schedule: optax.Schedule,
       mesh: Mesh | None = None,
+      critic_apart: bool = False,
   ):
     if config.uses_critic and value_graphdef is None and not shared_value_head:
       raise ValueError(
@@ -106,6 +112,7 @@ class PPOSteps:
     self.schedule = schedule
     self.kl_controller = kl_controller(config)
     self.mesh = mesh
+    self.critic_apart = critic_apart
     self.experience, self.update, self.replay_update, self.experience_update = ppo_step_jits(
         self._experience, functools.partial(self._update, fresh=True),
         functools.partial(self._update, fresh=False), self._experience_update, mesh=mesh,
@@ -164,7 +171,7 @@ class PPOSteps:
         policy, h, mb.response_ids, entropy="grad" if trains_entropy else "no_grad"
     )
     out = {"logprobs": logprobs, "entropy": entropy}
-    if c.uses_critic:
+    if c.uses_critic and not self.critic_apart:
       out["values"] = self._critic_values(params, frozen, mb, shared_values)
     return out
 
@@ -189,13 +196,13 @@ class PPOSteps:
 
   def _experience(
       self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array,
-      ref_logprobs: Array | None = None,
+      ref_logprobs: Array | None = None, values: Array | None = None,
   ) -> tuple[Batch, dict[str, Array]]:
     view = self._view(rollout)
     # Old log-probs (and values): a teacher-forced pass with the training numerics (item 4).
     behaviour = self._outputs(state.params, frozen, view)
     return self._experience_from(state, frozen, rollout, raw_scores, view, behaviour,
-                                 ref_logprobs)
+                                 ref_logprobs, values)
 
   def reference_logprobs(self, policy: nnx.State | None, frozen: FrozenParams,
                          rollout: Rollout | Batch) -> Array:
@@ -223,9 +230,10 @@ class PPOSteps:
       view: Batch,
       behaviour: dict[str, Array],
       ref_logprobs: Array | None = None,
+      values: Array | None = None,
   ) -> tuple[Batch, dict[str, Array]]:
     """The training batch and its metrics, given the behaviour policy's `_outputs` on `view`
-    (and the reference log-probs when they were computed elsewhere)."""
+    (and the reference log-probs, or the critic's values, when computed elsewhere)."""
     c = self.config
     mask = rollout.response_mask
     scores = process_scores(c, raw_scores, rollout)
@@ -241,10 +249,11 @@ class PPOSteps:
     rewards = core.shape_rewards(scores, kl, mask, kl_coef=beta_in_reward)
     seq_kl = jnp.sum(kl, axis=1)
 
+    critic_values = behaviour.get("values") if values is None else values
     values = jnp.zeros(mask.shape, jnp.float32)
     returns = jnp.zeros(mask.shape, jnp.float32)
     if c.advantage_mode == "gae":
-      values = jnp.where(mask, behaviour["values"], 0.0)
+      values = jnp.where(mask, critic_values, 0.0)
       gae_rewards = core.masked_whiten(rewards, mask, shift_mean=False) if c.whiten_rewards else (
           rewards)
       advantages, returns = core.gae(gae_rewards, values, mask, gamma=c.gamma, lam=c.lam)
@@ -329,7 +338,7 @@ class PPOSteps:
       kl_loss = core.aggregate_loss(kl, mask, c.loss_reduction)
       loss = loss + coefs["kl"] * kl_loss
       metrics["loss/kl_avg"] = kl_loss
-    if c.uses_critic:
+    if "values" in out:  # a critic trained in this program (not `critic_apart`)
       vf_loss, vf = core.ppo_value_loss(
           out["values"], mb.old_values, mb.returns, mask, clip_eps=c.value_clip_eps,
           reduction=c.loss_reduction,
@@ -438,8 +447,9 @@ class PPOSteps:
   def _epochs(self, state: TrainState, frozen, batch: Batch, coefs, epoch_rngs, stopped):
     """Reshuffled passes over `batch`, one per key of `epoch_rngs` `[E]`.
 
-    Returns `(state, stopped, metrics, ran)`; metrics `[E, num_minibatches]` per name, `ran`
-    `[E, num_minibatches]` bool (False for minibatches skipped after the early stop).
+    Returns `(state, stopped, metrics, ran, order)`; metrics `[E, num_minibatches]` per name,
+    `ran` `[E, num_minibatches]` bool (False for minibatches skipped after the early stop),
+    `order` `[E, num_minibatches, minibatch_size]` int32, the rows of each minibatch.
     """
     c = self.config
     b = batch.response_ids.shape[0]
@@ -464,10 +474,11 @@ class PPOSteps:
       order = jax.random.permutation(epoch_rng, b).reshape(c.num_minibatches, c.minibatch_size)
       (state, _), (metrics, ran) = jax.lax.scan(run_minibatch, (state, stopped), order)
       epoch_kl = jnp.sum(metrics["policy/approxkl_avg"]) / jnp.maximum(jnp.sum(ran), 1)
-      return (state, self._stops(stopped, epoch_kl)), (metrics, ran)
+      return (state, self._stops(stopped, epoch_kl)), (metrics, ran, order.astype(jnp.int32))
 
-    (state, stopped), (metrics, ran) = jax.lax.scan(run_epoch, (state, stopped), epoch_rngs)
-    return state, stopped, metrics, ran
+    (state, stopped), (metrics, ran, order) = jax.lax.scan(run_epoch, (state, stopped),
+                                                           epoch_rngs)
+    return state, stopped, metrics, ran, order
 
   def _summary(self, state: TrainState, coefs, metrics, ran, stopped, seq_kl_mean, *, fresh):
     """Averages the per-minibatch metrics over the minibatches that ran (`skipped_updates`:
@@ -505,20 +516,28 @@ class PPOSteps:
       seq_kl_mean: Array,
       *,
       fresh: bool,
+      plan: bool = False,
   ) -> tuple[TrainState, dict[str, Array]]:
     """`ppo_epochs` passes over `batch`; for a fresh batch (not a replayed one) also the
-    KL-controller update with the batch's mean sequence KL and the step/episode counters."""
+    KL-controller update with the batch's mean sequence KL and the step/episode counters.
+    `plan`: also return `_plan` (`jax_ppo.trainer.critic`: the critic's update program)."""
     self._check_batch_size(batch)
     coefs = self._coefficients(state)
     state, epoch_rngs = self._epoch_rngs(state)
-    state, stopped, metrics, ran = self._epochs(
+    state, stopped, metrics, ran, order = self._epochs(
         state, frozen, batch, coefs, epoch_rngs, jnp.zeros((), bool)
     )
-    return self._summary(state, coefs, metrics, ran, stopped, seq_kl_mean, fresh=fresh)
+    out = self._summary(state, coefs, metrics, ran, stopped, seq_kl_mean, fresh=fresh)
+    return (*out, self._plan(order, ran, metrics)) if plan else out
+
+  @staticmethod
+  def _plan(order: Array, ran: Array, metrics) -> dict[str, Array]:
+    """The minibatch rows `order`, which ran, and which had their optimizer step applied."""
+    return {"order": order, "ran": ran, "stepped": ran & (metrics["skipped"] == 0)}
 
   def _experience_update(
       self, state: TrainState, frozen: FrozenParams, rollout: Rollout, raw_scores: Array,
-      ref_logprobs: Array | None = None,
+      ref_logprobs: Array | None = None, values: Array | None = None, *, plan: bool = False,
   ) -> tuple[TrainState, Batch, dict[str, Array], dict[str, Array]]:
     """`experience` then `update` in one program, sharing the first epoch's forward pass.
 
@@ -538,7 +557,7 @@ class PPOSteps:
     view = self._view(rollout)
     behaviour, pullback = jax.vjp(lambda p: self._outputs(p, frozen, view), state.params)
     batch, exp_metrics = self._experience_from(
-        state, frozen, rollout, raw_scores, view, behaviour, ref_logprobs
+        state, frozen, rollout, raw_scores, view, behaviour, ref_logprobs, values
     )
     self._check_batch_size(batch)
     coefs = self._coefficients(state)
@@ -551,17 +570,20 @@ class PPOSteps:
     state, metrics = self._apply_gradients(state, grads, metrics)
     metrics = jax.tree.map(lambda m: m[None, None], metrics)  # [epoch 0, minibatch 0]
     ran = jnp.ones((1, 1), bool)
+    order = jnp.arange(batch.response_ids.shape[0], dtype=jnp.int32)[None, None]
     stopped = self._stops(jnp.zeros((), bool), metrics["policy/approxkl_avg"][0, 0])
     if self.config.ppo_epochs > 1:
-      state, stopped, rest, rest_ran = self._epochs(
+      state, stopped, rest, rest_ran, rest_order = self._epochs(
           state, frozen, batch, coefs, epoch_rngs[1:], stopped
       )
       metrics = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), metrics, rest)
       ran = jnp.concatenate([ran, rest_ran])
+      order = jnp.concatenate([order, rest_order])
     state, update_metrics = self._summary(
         state, coefs, metrics, ran, stopped, exp_metrics["objective/kl"], fresh=True
     )
-    return state, batch, exp_metrics, update_metrics
+    out = (state, batch, exp_metrics, update_metrics)
+    return (*out, self._plan(order, ran, metrics)) if plan else out
 
 
 __all__ = [

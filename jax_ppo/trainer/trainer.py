@@ -70,9 +70,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.distributed import barrier, is_main_process
-from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.placement import Placement
-from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
 from jax_ppo.trainer import host_data, perf
@@ -88,7 +86,15 @@ from jax_ppo.trainer.loop import (
 )
 from jax_ppo.trainer.monitor import StabilityMonitor
 from jax_ppo.trainer.rewards import CombinedScorer, as_scorer, decode_rollout
-from jax_ppo.trainer.roles import place_frozen, placed_steps, resolve_placement, score
+from jax_ppo.trainer.roles import (
+    critic_split,
+    eval_logprobs_program,
+    place_frozen,
+    place_state,
+    placed_steps,
+    resolve_placement,
+    score,
+)
 from jax_ppo.trainer.state import FrozenParams, TrainState
 from jax_ppo.trainer.step import Batch, PPOSteps, init_train_state, make_optimizer
 
@@ -138,8 +144,9 @@ class PPOTrainer(RunStage):
       shardings. Checkpoints restore into these shardings whatever mesh wrote them. None: one
       device, as without the argument.
     placement: where each role lives (`jax_ppo.parallel.placement.make_placement`): the
-      reference and the reward model may get sub-meshes of their own (`jax_ppo.trainer.roles`);
-      its `policy` mesh is the trainer's mesh. None: every role on `mesh`.
+      reference, the reward model and a separate critic may get sub-meshes of their own
+      (`jax_ppo.trainer.roles`, `jax_ppo.trainer.critic`); its `policy` mesh is the trainer's
+      mesh. None: every role on `mesh`.
 
   Call `close()` (or use the trainer as a context manager) to flush the logs and wait for the
   last checkpoint.
@@ -208,6 +215,7 @@ class PPOTrainer(RunStage):
         optimizer=self.optimizer,
         schedule=self.schedule,
         mesh=mesh,
+        critic_apart=critic_split(self.placement),
     ), self.placement)
     state = init_train_state(
         c, self.optimizer, policy=policy_params, value=value_params,
@@ -218,7 +226,7 @@ class PPOTrainer(RunStage):
     if mesh is None:
       self.state: TrainState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
     else:
-      self.state = shard_params(state, mesh)
+      self.state = place_state(state, self.placement)
     self.sampling = SamplingConfig(
         max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
         top_p=c.top_p, stop_token_ids=tuple(c.stop_token_ids), pad_token_id=c.pad_token_id,
@@ -237,9 +245,8 @@ class PPOTrainer(RunStage):
         perf.count_params(value_params) if value_params is not None else 0,
         perf.count_params(self.frozen.reward) if self.frozen.reward is not None else 0,
     )
-    self._eval_logprobs = jax.jit(self._eval_logprobs_impl) if mesh is None else MeshJit(
-        self._eval_logprobs_impl, mesh, in_roles=("params", "params", "batch"),
-        out_roles=("batch", "batch"))
+    self._eval_logprobs = eval_logprobs_program(self._eval_logprobs_impl, self.steps,
+                                                self.placement, temperature=c.temperature)
     self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
     self.last_scores: np.ndarray | None = None

@@ -62,12 +62,12 @@ def test_too_many_devices():
 def test_unknown_role():
   placement = make_placement(None, MeshConfig())
   for fn in (placement.mesh, placement.is_split, PlacementConfig().role):
-    with pytest.raises(ValueError, match=r"Unknown role 'critic'; the roles are \('policy', "
-                                         r"'reference', 'reward'\)"):
-      fn("critic")
-  with pytest.raises(ValueError, match=r"placement.critic"):
+    with pytest.raises(ValueError, match=r"Unknown role 'value'; the roles are \('policy', "
+                                         r"'reference', 'reward', 'critic'\)"):
+      fn("value")
+  with pytest.raises(ValueError, match=r"placement.value"):
     load_run_config(["policy_path=p", "prompts_path=x.txt", "run_dir=r", "reward_model_path=rm",
-                     "mesh.data=-1", "placement.critic.devices=[4, 8]"])
+                     "mesh.data=-1", "placement.value.devices=[4, 8]"])
 
 
 @pytest.mark.parametrize("kw, message", [
