@@ -11,9 +11,10 @@
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
 command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a preemption)
 saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
-multi-host job first when the config's `distributed` fields or the environment describe one
-(`jax_ppo.parallel.distributed`; tpu/README.md). Errors in the inputs are reported in
-one line naming the field and the fix (exit status 2).
+multi-host job first when the config's `distributed` fields or the environment describe one,
+`eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
+tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
+status 2).
 """
 
 from __future__ import annotations
@@ -161,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
       print(json.dumps(summary))
     elif args.command == "eval":
+      from jax_ppo.parallel.distributed import initialize
+
+      initialize()  # joins the multi-host job the environment describes (JAX's variables, SLURM...)
       result = run.evaluate_run(args.run_dir, args.prompts, temperature=args.temperature,
                                 n=args.n, step=args.step, seed=args.seed, out=args.out)
       print(json.dumps({"step": result["step"], "out": result["out"], **result["metrics"]}))
@@ -176,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "(reward, KL, entropy, response length, loss, accuracy) yet.")
       print(json.dumps({"plots": [str(p) for p in paths]}))
     else:
+      from jax_ppo.parallel.distributed import initialize
+
+      initialize()  # as eval: every process of a multi-host job gathers, process 0 writes
       dtype = run.DTYPES[args.dtype] if args.dtype else None
       path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype)
       print(json.dumps({"step": step, "out": str(path)}))

@@ -269,3 +269,23 @@ def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monke
   fail_with(KeyError("a bug"))
   with pytest.raises(KeyError, match="a bug"):  # unexpected: the traceback is shown
     main(["train", "x.yaml"])
+
+
+@pytest.mark.parametrize("command", ["eval", "export"])
+def test_eval_and_export_join_the_job_the_environment_describes(monkeypatch, capsys, tmp_path,
+                                                                 command):
+  """`jax-ppo eval/export` call `initialize()` (which reads JAX's variables, SLURM, a TPU pod)
+  before any work, so every process of a multi-host job runs them together."""
+  import jax_ppo.parallel.distributed as distributed
+
+  calls = []
+
+  def initialize(config=None, **kwargs):  # records the call instead of joining a job
+    calls.append(config)
+    return False
+
+  monkeypatch.setattr(distributed, "initialize", initialize)
+  extra = ["--prompts", "p.txt"] if command == "eval" else ["--out", str(tmp_path / "out")]
+  assert main([command, "--run-dir", str(tmp_path / "missing"), *extra]) == 2
+  assert calls == [None]  # default DistributedConfig: the environment decides
+  assert "does not exist" in capsys.readouterr().err

@@ -131,7 +131,8 @@ class PPOConfig:
   adam_b2: float = 0.999
   weight_decay: float = 0.0
   max_grad_norm: float | None = 1.0
-  """Clip gradients by global norm (None disables)."""
+  """Clip gradients by global norm (None disables): one norm over the policy and critic, or one
+  per model when the critic runs on a sub-mesh of its own (`RunConfig.placement.critic`)."""
   max_consecutive_skips: int | None = 5
   """An optimizer step whose loss or gradient is NaN/inf is skipped (parameters and optimizer
   state unchanged, counted in the `skipped_updates` metric); after this many consecutive

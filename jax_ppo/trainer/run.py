@@ -186,11 +186,12 @@ def build_trainer(
         "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
         "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
   p = config.placement
-  if multi_process() and (p.policy_devices, p.reference, p.reward) != (None, None, None):
+  if multi_process() and (p.policy_devices, p.reference, p.reward, p.critic) != (None,) * 4:
     raise ValueError(
         "RunConfig.placement: roles on sub-meshes of their own are single-process only (not yet "
         "run across processes); in a multi-process job leave placement.policy_devices, "
-        "placement.reference and placement.reward unset, so every role shares RunConfig.mesh.")
+        "placement.reference, placement.reward and placement.critic unset, so every role shares "
+        "RunConfig.mesh.")
   placement = None if config.mesh is None else make_placement(config.placement, config.mesh)
   mesh = None if placement is None else placement.policy
   reward_mesh = None if placement is None else placement.reward  # reward models load there
