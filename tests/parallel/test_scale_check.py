@@ -13,6 +13,10 @@ import sys
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "scale_check.py"
+# Compile-bound (a few steps of a tiny model) and every case runs under the same flags: XLA:CPU's
+# cheaper code generation shortens the test.
+CHEAP_CODEGEN = " ".join([os.environ.get("XLA_FLAGS", ""),
+                          "--xla_backend_optimization_level=0"]).strip()
 
 
 @pytest.mark.slow
@@ -22,7 +26,8 @@ def test_scale_check_agrees_and_reports(tmp_path):
       [sys.executable, str(SCRIPT), "--json", str(out), "--hidden-size", "16", "--num-layers",
        "1", "--max-new-tokens", "4", "--ppo-epochs", "1", "--timeout", "300"],
       capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1],
-      env={**os.environ, "PYTHONPATH": os.pathsep.join(  # this checkout's jax_ppo
+      env={**os.environ, "XLA_FLAGS": CHEAP_CODEGEN,
+           "PYTHONPATH": os.pathsep.join(  # this checkout's jax_ppo
           filter(None, [str(SCRIPT.parents[1]), os.environ.get("PYTHONPATH")]))},
   )
   assert run.returncode == 0, run.stdout + run.stderr

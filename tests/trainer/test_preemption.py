@@ -89,7 +89,9 @@ def _config(files, name: str) -> pathlib.Path:
 def _train(files, config: pathlib.Path, *, send: int | None = None):
   """Runs `python -m jax_ppo.cli train config`; with `send`, sends that signal once the first
   update is logged. Returns `(returncode, stdout, stderr, seconds from the signal to exit)`."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+  # XLA:CPU's cheaper code generation (compile-bound runs; every run compared uses it).
+  flags = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags,
          "JAX_COMPILATION_CACHE_DIR": str(files / "jax_cache"),
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}

@@ -18,7 +18,7 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, policy, prompts
+from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, one_update, policy, prompts
 
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
@@ -54,20 +54,6 @@ def build(mode: str, placement):
   nnx.update(model, shard_params(nnx.state(model), placement.policy))
   return PPOTrainer(config, model, reward=rm, prompts=prompts(),
                     value_model=value_model_from_reward_model(rm), placement=placement)
-
-
-def update(trainer, rollout, scores):
-  # One multi-device program in flight at a time (XLA:CPU's fake devices can deadlock).
-  if trainer.steps.fuses_first_epoch:
-    state, batch, exp, upd = jax.block_until_ready(trainer.steps.experience_update(
-        trainer.state, trainer.frozen, rollout, scores))
-  else:
-    batch, exp = jax.block_until_ready(
-        trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores))
-    state, upd = jax.block_until_ready(
-        trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
-  trainer.state = state
-  return batch, {**jax.device_get(exp), **jax.device_get(upd)}
 
 
 def devices_of(tree) -> list[int]:
@@ -129,8 +115,8 @@ def compare(mode: str, root: pathlib.Path) -> dict:
   out["values_program_devices"] = devices_of(values)
   values = split.steps.critic_values(split.state, split.frozen, rollout)
   out["values_transferred_devices"] = devices_of(values)
-  batch1, m1 = update(shared, rollout, scores1)
-  batch2, m2 = update(split, rollout, scores2)
+  shared.state, batch1, m1 = one_update(shared, rollout, scores1)
+  split.state, batch2, m2 = one_update(split, rollout, scores2)
   out.update({
       "batch_devices": devices_of(batch2),
       "layout": layout(split.state),

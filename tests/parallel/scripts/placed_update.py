@@ -17,7 +17,7 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, policy, prompts
+from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, one_update, policy, prompts
 
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
@@ -55,19 +55,6 @@ def build(mode: str, placement):
   # As `from_pretrained(mesh=...)` does: the weights are on the policy mesh before the trainer.
   nnx.update(model, shard_params(nnx.state(model), placement.policy))
   return PPOTrainer(config, model, reward=rm, prompts=prompts(), placement=placement)
-
-
-def update(trainer, rollout, scores):
-  # One multi-device program in flight at a time (XLA:CPU's fake devices can deadlock).
-  if trainer.steps.fuses_first_epoch:
-    state, batch, exp, upd = jax.block_until_ready(trainer.steps.experience_update(
-        trainer.state, trainer.frozen, rollout, scores))
-  else:
-    batch, exp = jax.block_until_ready(
-        trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores))
-    state, upd = jax.block_until_ready(
-        trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
-  return state, batch, {**jax.device_get(exp), **jax.device_get(upd)}
 
 
 def devices_of(tree) -> list[int]:
@@ -115,8 +102,8 @@ def compare(mode: str) -> dict:
     out["ref_program_devices"] = devices_of(ref)
     out["ref_transferred_devices"] = devices_of(
         split.steps.reference_logprobs(split.frozen, rollout))
-  state1, batch1, m1 = update(shared, rollout, scores1)
-  state2, batch2, m2 = update(split, rollout, scores2)
+  state1, batch1, m1 = one_update(shared, rollout, scores1)
+  state2, batch2, m2 = one_update(split, rollout, scores2)
   out.update({
       "state_devices": devices_of(state2),
       "batch_devices": devices_of(batch2),

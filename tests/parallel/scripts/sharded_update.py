@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny_setup import MODEL, PAD, TARGET, count_target, max_abs_diff, policy, prompts
+from tiny_setup import MODEL, PAD, TARGET, count_target, max_abs_diff, one_update, policy, prompts
 
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
@@ -39,20 +39,6 @@ def build(mode: str, mesh):
   return PPOTrainer(config, model, reward=TokenScorer(count_target), prompts=prompts(), mesh=mesh)
 
 
-def update(trainer, rollout, scores):
-  # One multi-device program in flight at a time: XLA:CPU's fake devices can deadlock in their
-  # collectives when two programs overlap on a loaded machine.
-  if trainer.steps.fuses_first_epoch:
-    state, batch, exp, upd = jax.block_until_ready(trainer.steps.experience_update(
-        trainer.state, trainer.frozen, rollout, scores))
-  else:
-    batch, exp = jax.block_until_ready(
-        trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores))
-    state, upd = jax.block_until_ready(
-        trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
-  return state, batch, {**jax.device_get(exp), **jax.device_get(upd)}
-
-
 def compare(mode: str, mesh) -> dict:
   single, sharded = build(mode, None), build(mode, mesh)
   prompt_ids, _ = single.dataset.batch(0, single.config.prompts_per_update)
@@ -63,8 +49,8 @@ def compare(mode: str, mesh) -> dict:
   scores = jax.block_until_ready(single.scorer(rollout, single.frozen.reward))
   sharded_scores = jax.block_until_ready(
       sharded.scorer(shard_batch(rollout, mesh), sharded.frozen.reward))
-  state1, batch1, m1 = update(single, rollout, scores)
-  state8, batch8, m8 = update(sharded, rollout, scores)
+  state1, batch1, m1 = one_update(single, rollout, scores)
+  state8, batch8, m8 = one_update(sharded, rollout, scores)
   specs = {str(x.sharding.spec) for x in jax.tree.leaves(state8.params)}
   first = jax.tree.leaves(state8.params)[0]
   return {

@@ -1,5 +1,6 @@
 """A tiny model, config and prompts shared by the multi-device scripts (imported by them)."""
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -31,3 +32,19 @@ def max_abs_diff(a, b) -> float:
   diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
                                                         - np.asarray(y, np.float64)))), a, b)
   return max(jax.tree.leaves(diffs), default=0.0)
+
+
+def one_update(trainer, rollout, scores):
+  """One PPO update of `trainer` on `rollout`: `(state, batch, metrics on the host)`, through the
+  fused program when the config allows it, else experience then update. One multi-device
+  program is in flight at a time (XLA:CPU's fake devices can deadlock in their collectives when
+  two programs overlap on a loaded machine)."""
+  if trainer.steps.fuses_first_epoch:
+    state, batch, exp, upd = jax.block_until_ready(trainer.steps.experience_update(
+        trainer.state, trainer.frozen, rollout, scores))
+  else:
+    batch, exp = jax.block_until_ready(
+        trainer.steps.experience(trainer.state, trainer.frozen, rollout, scores))
+    state, upd = jax.block_until_ready(
+        trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
+  return state, batch, {**jax.device_get(exp), **jax.device_get(upd)}
