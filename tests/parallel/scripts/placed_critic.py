@@ -18,7 +18,16 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, one_update, policy, prompts
+from tiny_setup import (
+  MODEL,
+  PAD,
+  TARGET,
+  max_abs_diff,
+  one_update,
+  policy,
+  prompts,
+  rollout_and_scores,
+)
 
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
@@ -26,7 +35,7 @@ from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
 from jax_ppo.trainer import PPOConfig, PPOTrainer
 from jax_ppo.trainer.critic import split_state
-from jax_ppo.trainer.roles import PlacedSteps, score
+from jax_ppo.trainer.roles import PlacedSteps
 
 POLICY_MESH = MeshConfig(data=2, fsdp=2)
 
@@ -102,12 +111,7 @@ def compare(mode: str, root: pathlib.Path) -> dict:
          "initial_layout": layout(split.state),
          "ref_devices": devices_of(split.frozen.ref),
          "reward_devices": devices_of(split.frozen.reward)}
-  prompt_ids, _ = shared.dataset.batch(0, shared.config.prompts_per_update)
-  rollout = jax.block_until_ready(
-      shared.sampler(prompt_ids, jax.random.PRNGKey(1), state=shared.policy_state()))
-  scores1 = jax.block_until_ready(shared.scorer(rollout, shared.frozen.reward))
-  scores2 = jax.block_until_ready(score(split.placement, split.scorer, rollout,
-                                        split.frozen.reward))
+  rollout, scores1, scores2 = rollout_and_scores(shared, split)
   values = jax.block_until_ready(split.steps.critic.values(
       split.state.value, split.frozen.value_rest,
       jax.device_put(rollout, jax.sharding.NamedSharding(split.placement.critic,

@@ -17,14 +17,23 @@ import sys
 import jax
 import numpy as np
 from flax import nnx
-from tiny_setup import MODEL, PAD, TARGET, max_abs_diff, one_update, policy, prompts
+from tiny_setup import (
+  MODEL,
+  PAD,
+  TARGET,
+  max_abs_diff,
+  one_update,
+  policy,
+  prompts,
+  rollout_and_scores,
+)
 
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
 from jax_ppo.trainer import PPOConfig, PPOTrainer
-from jax_ppo.trainer.roles import PlacedSteps, score
+from jax_ppo.trainer.roles import PlacedSteps
 from jax_ppo.trainer.step import PPOSteps
 
 POLICY_MESH = MeshConfig(data=2, fsdp=2)
@@ -84,12 +93,7 @@ def compare(mode: str) -> dict:
   out = {"shared_steps": type(shared.steps).__name__, "split_steps": type(split.steps).__name__,
          "shared_is_ppo_steps": isinstance(shared.steps, PPOSteps),
          "split_is_placed": isinstance(split.steps, PlacedSteps)}
-  prompt_ids, _ = shared.dataset.batch(0, shared.config.prompts_per_update)
-  rollout = jax.block_until_ready(
-      shared.sampler(prompt_ids, jax.random.PRNGKey(1), state=shared.policy_state()))
-  scores1 = jax.block_until_ready(shared.scorer(rollout, shared.frozen.reward))
-  scores2 = jax.block_until_ready(score(split.placement, split.scorer, rollout,
-                                        split.frozen.reward))
+  rollout, scores1, scores2 = rollout_and_scores(shared, split)
   out["scores_devices"] = devices_of(scores2)
   out["max_score_diff"] = float(np.max(np.abs(np.asarray(scores1) - np.asarray(scores2))))
   out["reward_devices"] = devices_of(split.frozen.reward)

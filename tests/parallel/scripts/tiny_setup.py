@@ -48,3 +48,17 @@ def one_update(trainer, rollout, scores):
     state, upd = jax.block_until_ready(
         trainer.steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"]))
   return state, batch, {**jax.device_get(exp), **jax.device_get(upd)}
+
+
+def rollout_and_scores(shared, split):
+  """One rollout of `shared`'s policy and its scores by both trainers: `shared`'s scorer, and
+  `split`'s through its placement (the reward model on its own devices when split)."""
+  from jax_ppo.trainer.roles import score
+
+  prompt_ids, _ = shared.dataset.batch(0, shared.config.prompts_per_update)
+  rollout = jax.block_until_ready(
+      shared.sampler(prompt_ids, jax.random.PRNGKey(1), state=shared.policy_state()))
+  scores1 = jax.block_until_ready(shared.scorer(rollout, shared.frozen.reward))
+  scores2 = jax.block_until_ready(score(split.placement, split.scorer, rollout,
+                                        split.frozen.reward))
+  return rollout, scores1, scores2
