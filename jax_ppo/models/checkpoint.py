@@ -1,17 +1,16 @@
 """Hugging Face checkpoints: safetensors folders in and out.
 
 Loading reads `config.json` with `transformers.AutoConfig`, builds the model abstractly
-(`nnx.eval_shape`, no memory), then reads the tensors one by one with
-`safetensors.safe_open(..., framework="numpy")` (the file is opened for that tensor only, so
-memory-mapped pages do not accumulate), casts each to the parameter dtype and writes it into its
-device array: a stacked parameter `[L, ...]` is allocated once and filled layer by layer through a
-donated in-place update. Peak host memory therefore stays near one copy of the loaded weights plus
-a few tensors (`experiments/benchmarks/load_memory.py` measures it).
+(`nnx.eval_shape`), then reads the tensors one by one with `safetensors.safe_open(...,
+framework="numpy")` (the file opened for that tensor only: mapped pages do not accumulate), casts
+each to the parameter dtype and writes it into its device array (a stacked `[L, ...]` parameter
+is allocated once and filled layer by layer in place), so peak host memory stays near one copy of
+the weights plus a few tensors (`experiments/benchmarks/load_memory.py` measures it).
 
-Saving writes `model.safetensors` (or shards plus `model.safetensors.index.json`),
-`config.json` and `generation_config.json`, which `transformers.AutoModelForCausalLM` (or
-`AutoModelForSequenceClassification` for a `ScalarModel`) loads with the same outputs. LoRA
-adapters are merged into the written kernels.
+Saving writes `model.safetensors` (or shards plus `model.safetensors.index.json`), `config.json`
+and `generation_config.json`, which `transformers.AutoModelForCausalLM` (or
+`AutoModelForSequenceClassification` for a `ScalarModel`) loads with the same outputs; LoRA
+adapters are merged into the written kernels (several processes: process 0 writes).
 """
 
 from __future__ import annotations
@@ -535,11 +534,8 @@ def save_pretrained(
       with a `model.safetensors.index.json` when it is larger. None writes one file.
     dtype: dtype of the written tensors; None keeps the parameter dtype.
 
-  Several processes (a multi-host run whose parameters are split over every process's
-  devices): every process must call it; each tensor is gathered in turn (`jax_ppo.parallel.
-  distributed.host_array`: no host holds more of the model than one file's tensors, one tensor
-  on the processes that do not write), only process 0 writes, and every process returns once
-  the folder is complete (`barrier`).
+  Several processes: every one must call it; each tensor is gathered in turn (`host_array`),
+  only process 0 keeps a file's tensors and writes, and all return once the folder is complete.
   """
   main = is_main_process()
   config: ModelConfig = model.config
@@ -579,9 +575,7 @@ def save_pretrained(
         tensors[name] = tensor
     if main:
       save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
-    del tensors
-  bias = (float(host_array(flat[("score_head", "bias")]).astype(np.float32)[0]) if is_scalar
-          else None)
+  bias = float(host_array(flat[("score_head", "bias")])[0]) if is_scalar else None
   if not main:
     barrier(f"save_pretrained {path}")
     return
