@@ -186,7 +186,7 @@ def build_trainer(
         "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
         "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
   p = config.placement
-  if multi_process() and (p.policy_devices, p.reference, p.reward, p.critic) != (None,) * 4:
+  if multi_process() and (p.split_roles or p.policy_devices is not None):
     raise ValueError(
         "RunConfig.placement: roles on sub-meshes of their own are single-process only (not yet "
         "run across processes); in a multi-process job leave placement.policy_devices, "
