@@ -22,7 +22,15 @@ Compile time: the run uses JAX's persistent compilation cache (`jax_ppo.compile_
 fresh temporary folder (`--compile-cache`), so the first update of this process compiles cold;
 then a second invocation (a new process on the same cache folder) times its first update, which
 loads the programs instead. Both are reported against a steady update. Peak RSS is the
-process's `ru_maxrss` (the second invocation's and TRL's are their own processes).
+process's high-water mark (`rss.peak_rss_mib`); the second invocation's (which compiles
+nothing) and TRL's are their own processes.
+
+Memory: the random HF models are built with torch in a subprocess (`--model-python`, default
+the TRL python), so this process holds no torch unless transformers imports it: it does, with
+its configuration classes, whenever torch is installed in the environment (about +0.3 GiB). To
+measure jax_ppo alone, run this script from an environment without torch (`pip install -e .`)
+with `--trl-python`. The policy and value model use the library's default per-layer remat
+(`--remat`, `jax_ppo.models.DEFAULT_REMAT`, "dots").
 
 TRL side: with `--trl-python PATH` (a Python with this repository's `bench` extra:
 `pip install -e ".[bench]"`, i.e. trl==1.12.0 and torch 2.13.0) the same run then starts
@@ -89,6 +97,20 @@ def build_models(shape: dict, folder: str) -> dict[str, str]:
   return paths
 
 
+def build_models_elsewhere(shape_name: str, folder: str, python: str) -> dict[str, str]:
+  """`build_models` in a subprocess of `python` (one with torch and transformers), so that this
+  process never imports torch and its peak RSS is jax_ppo's own."""
+  code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import ppo_step; "
+          "print(json.dumps(ppo_step.build_models(ppo_step.SHAPES[sys.argv[2]], sys.argv[3])))")
+  out = subprocess.run([python, "-c", code, HERE, shape_name, folder], capture_output=True,
+                       text=True)
+  if out.returncode != 0:
+    raise SystemExit(
+        f"Building the random HF models with {python} failed (it needs torch and transformers): "
+        f"pass --model-python (or --trl-python) a python that has them.\n{out.stderr[-2000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_jax(args, shape: dict) -> dict:
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
@@ -96,10 +118,10 @@ def run_jax(args, shape: dict) -> dict:
   from jax_ppo.trainer.perf import measure_matmul_peak
 
   with tempfile.TemporaryDirectory() as tmp:
-    paths = build_models(shape, tmp)
-    policy = models.from_pretrained(paths["policy"])
+    paths = build_models_elsewhere(args.shape, tmp, args.model_python or sys.executable)
+    policy = models.from_pretrained(paths["policy"], remat=args.remat)
     reward = models.load_scalar_model(paths["reward"])
-    value = models.load_scalar_model(paths["value"])
+    value = models.load_scalar_model(paths["value"], remat=args.remat)
   vocab = shape["vocab_size"]
   prompts = make_prompts(vocab)
   total = args.warmup + args.updates
@@ -122,7 +144,7 @@ def run_jax(args, shape: dict) -> dict:
     print(f"second invocation: trainer built in {init_s:.3f}s, first update "
           f"{m['time/total_s']:.3f}s", flush=True)
     return {"first_update_s": m["time/total_s"], "trainer_init_s": init_s,
-            "peak_rss_mib": peak_rss_mib()}
+            "peak_rss_mib": peak_rss_mib(), "torch_imported": "torch" in sys.modules}
   history = []
   t0 = time.perf_counter()
   for i in range(total):
@@ -142,6 +164,8 @@ def run_jax(args, shape: dict) -> dict:
       "first_update_s": history[0]["time/total_s"],
       "trainer_init_s": init_s,
       "peak_rss_mib": peak_rss_mib(),
+      # transformers imports torch with its configs whenever torch is installed (+0.3 GiB)
+      "torch_imported": "torch" in sys.modules,
       "mfu": med("mfu"),
       "matmul_peak_gflops": peak / 1e9,
       "tokens_per_s": med("tokens_per_s"),
@@ -178,8 +202,10 @@ def run_second_invocation(args, cache_dir: str) -> dict:
     out = os.path.join(tmp, "second.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--batch",
            str(args.batch), "--response-length", str(args.response_length), "--train-layers",
-           args.train_layers, "--rollout-layers", args.rollout_layers, "--compile-cache",
-           cache_dir, "--first-update-only", "--json", out]
+           args.train_layers, "--rollout-layers", args.rollout_layers, "--remat", args.remat,
+           "--compile-cache", cache_dir, "--first-update-only", "--json", out]
+    if args.model_python:
+      cmd += ["--model-python", args.model_python]
     print("second invocation:", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=sys.stdout, stderr=sys.stderr)
     with open(out) as f:
@@ -197,6 +223,13 @@ def main(argv=None) -> dict:
                   help="layer loop of the training forward/backward (PPOConfig.train_scan_layers)")
   ap.add_argument("--rollout-layers", choices=sorted(LAYER_LOOPS), default="scan",
                   help="layer loop of the sampler (PPOConfig.rollout_scan_layers)")
+  ap.add_argument("--remat", default=None,
+                  help="per-layer remat of the policy and value model (default: the library's, "
+                       "jax_ppo.models.DEFAULT_REMAT)")
+  ap.add_argument("--model-python", default=None,
+                  help="python that builds the random HF models (needs torch + transformers); "
+                       "default: --trl-python, else this python. A subprocess either way, so "
+                       "this process imports torch only if transformers does (torch installed)")
   ap.add_argument("--compile-cache", default="fresh",
                   help="persistent compilation cache: 'fresh' (default: a new temporary folder, "
                        "so this run compiles cold and the second invocation loads from it), a "
@@ -218,6 +251,11 @@ def main(argv=None) -> dict:
   ap.add_argument("--json", default=None)
   args = ap.parse_args(argv)
   shape = SHAPES[args.shape]
+  args.model_python = args.model_python or args.trl_python
+  if args.remat is None:
+    from jax_ppo.models import DEFAULT_REMAT
+
+    args.remat = DEFAULT_REMAT
 
   import jax
 
@@ -241,6 +279,7 @@ def main(argv=None) -> dict:
     second = run_second_invocation(args, cache_dir)
     results["jax_ppo"]["second_invocation_first_update_s"] = second["first_update_s"]
     results["jax_ppo"]["second_invocation_trainer_init_s"] = second["trainer_init_s"]
+    results["jax_ppo"]["second_invocation_peak_rss_mib"] = second["peak_rss_mib"]
     results["jax_ppo"]["cache_entries"] = len(os.listdir(cache_dir))
   if fresh_cache:
     shutil.rmtree(cache_dir, ignore_errors=True)
@@ -258,21 +297,27 @@ def main(argv=None) -> dict:
       shape=args.shape, **shape, batch=args.batch, prompt_len="28-32",
       response_length=args.response_length, ppo_epochs=4, num_minibatches=1, dtype="float32",
       warmup=args.warmup, updates=args.updates, train_layers=args.train_layers,
-      rollout_layers=args.rollout_layers, compile_cache=args.compile_cache,
+      rollout_layers=args.rollout_layers, remat=args.remat, compile_cache=args.compile_cache,
       backend=jax.default_backend(), jax=jax.__version__,
   )
   print(f"\nPPO update benchmark ({args.shape}, batch {args.batch}, {args.response_length} "
         f"response tokens, 4 epochs, {jax.default_backend()})")
   print(f"{'impl':<8} {'s/update':>9} {'rollout':>9} {'score':>9} {'update':>9} "
-        f"{'1st upd':>9} {'1st (2nd run)':>14} {'peak RSS':>10}")
+        f"{'1st upd':>9} {'1st (2nd run)':>14} {'peak RSS':>10} {'(2nd run)':>10}")
   for name in ("jax_ppo", "trl"):
     if name in results:
       r = results[name]
       second = r.get("second_invocation_first_update_s")
       second = "-" if second is None else f"{second:.3f}"
+      rss2 = r.get("second_invocation_peak_rss_mib")
+      rss2 = "-" if rss2 is None else f"{rss2 / 1024:.2f} GiB"
       print(f"{name:<8} {r['s_per_update']:>9.3f} {r['rollout_s']:>9.3f} {r['score_s']:>9.3f} "
             f"{r['update_s']:>9.3f} {r['first_update_s']:>9.3f} {second:>14} "
-            f"{r['peak_rss_mib'] / 1024:>6.2f} GiB")
+            f"{r['peak_rss_mib'] / 1024:>6.2f} GiB {rss2:>10}")
+  print(f"jax_ppo: remat {args.remat}; torch imported in its process: "
+        f"{results['jax_ppo']['torch_imported']} (transformers imports it with its configs "
+        f"when installed; run this script from an environment without torch and pass "
+        f"--trl-python / --model-python to measure jax_ppo alone)")
   if "jax_ppo_over_trl_time" in results:
     print(f"jax_ppo time / TRL time: {results['jax_ppo_over_trl_time']:.2f}")
   print(f"jax_ppo MFU: {results['jax_ppo']['mfu']:.3f} of a "

@@ -21,7 +21,7 @@ Ids must lie in `[0, vocab_size)` (an out-of-range id would embed as NaN): eager
 them (`VocabularyError`), traced calls do not; `Sampler` checks prompts before its jit.
 `attention_mask` is `[B, S]`, 1 on real tokens; left padding is handled through it: positions are
 `cumsum(mask) - 1` (`jax_ppo.core.position_ids_from_mask`) and pad slots are never attended.
-`from_pretrained(path, *, dtype=None, param_dtype=None, remat="none", scan_layers=True)`:
+`from_pretrained(path, *, dtype=None, param_dtype=None, remat="dots", scan_layers=True)`:
 `dtype` is the compute dtype (None: float32), `param_dtype` the storage dtype (None: `dtype`).
 
 Functional use (the project's convention): split once, merge inside pure functions::
@@ -82,9 +82,9 @@ base weights, adapters off); `merge_lora(model)` folds them in (`save_pretrained
 
 Performance knobs
 -----------------
-`dtype` / `param_dtype`; `remat` in `REMAT_POLICIES` ("none", "layer"/"full", "dots",
-"dots_all" or a `jax.checkpoint_policies` name) per layer, `set_remat(model, name)` for a built
-model;
+`dtype` / `param_dtype`; `remat` in `REMAT_POLICIES` ("none", "layer"/"full", "dots" (the
+default, `DEFAULT_REMAT`), "dots_all" or a `jax.checkpoint_policies` name) per layer,
+`set_remat(model, name)` for a built model;
 `scan_layers` (lax.scan over the stacked `[L, ...]` weights, or unrolled; `with layer_loop(model,
 False): nnx.split(model)` switches an existing model temporarily). Attention never repeats K/V
 over query groups and computes scores and softmax in float32.
@@ -139,6 +139,7 @@ from jax_ppo.models.tokenizer import (
     pad_batch,
 )
 from jax_ppo.models.transformer import (
+    DEFAULT_REMAT,
     REMAT_POLICIES,
     CausalLM,
     Decoder,
@@ -151,6 +152,7 @@ from jax_ppo.models.transformer import (
 )
 
 __all__ = [
+    "DEFAULT_REMAT",
     "REMAT_POLICIES",
     "SUPPORTED_MODEL_TYPES",
     "CausalLM",

@@ -37,7 +37,7 @@ from jax_ppo.models.errors import (
     UnsupportedModelError,
 )
 from jax_ppo.models.heads import ScalarHead, ScalarModel
-from jax_ppo.models.transformer import CausalLM
+from jax_ppo.models.transformer import DEFAULT_REMAT, CausalLM
 from jax_ppo.parallel.distributed import barrier, host_array, is_main_process
 
 SINGLE_FILE = "model.safetensors"
@@ -376,7 +376,7 @@ def from_pretrained(
     *,
     dtype=None,
     param_dtype=None,
-    remat: str = "none",
+    remat: str = DEFAULT_REMAT,
     scan_layers: bool = True,
     mesh=None,
 ) -> CausalLM:
@@ -388,7 +388,7 @@ def from_pretrained(
     dtype: compute dtype (activations, logits); None means float32 whatever the checkpoint.
     param_dtype: storage dtype of the parameters; None means `dtype`. Tensors are cast one by one
       while loading (e.g. a bf16 checkpoint into float32 master weights).
-    remat: rematerialisation policy (`"none"`, `"layer"`, `"dots"`, `"dots_all"`).
+    remat: rematerialisation policy (`"dots"` by default, `"none"`, `"layer"`, `"dots_all"`).
     scan_layers: `jax.lax.scan` over the stacked layers (True) or an unrolled loop.
     mesh: a `jax.sharding.Mesh` (`jax_ppo.parallel.make_mesh`): each parameter is created with
       its `NamedSharding` (`jax_ppo.parallel.param_shardings`) and each device's shard is read
@@ -419,7 +419,7 @@ def load_scalar_model(
     seed: int = 0,
     dtype=None,
     param_dtype=None,
-    remat: str = "none",
+    remat: str = DEFAULT_REMAT,
     scan_layers: bool = True,
     mesh=None,
 ) -> ScalarModel:

@@ -25,7 +25,7 @@ from flax import nnx
 
 from jax_ppo.core import last_valid_index
 from jax_ppo.models.config import ModelConfig
-from jax_ppo.models.transformer import Decoder
+from jax_ppo.models.transformer import DEFAULT_REMAT, Decoder
 
 Array = jax.Array
 
@@ -96,7 +96,7 @@ class ScalarModel(nnx.Module):
       head_init: str = "reward",
       dtype=jnp.float32,
       param_dtype=jnp.float32,
-      remat: str = "none",
+      remat: str = DEFAULT_REMAT,
       scan_layers: bool = True,
       rngs: nnx.Rngs,
   ):

@@ -1,6 +1,6 @@
 """`RunConfig.remat` reaches the policy and the critic of a `build_trainer` run (the CLI path),
 shows up as `jax.checkpoint` with the chosen policy in the traced update, and leaves the
-gradients unchanged."""
+gradients unchanged; the default is "dots" (its memory: `tests/models/test_knobs.py`)."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ from flax import nnx
 
 pytest.importorskip("torch", reason="torch builds the tiny Hugging Face models")
 
-from jax_ppo.models import REMAT_POLICIES, Decoder, set_remat  # noqa: E402
+from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, Decoder, set_remat  # noqa: E402
 from jax_ppo.rollout.sampler import Rollout  # noqa: E402
 from jax_ppo.trainer import PPOConfig, run  # noqa: E402
 from tests.tiny_hf_run import make_checkpoint, make_reward_checkpoint, write_data  # noqa: E402
@@ -51,17 +51,21 @@ def _batch(trainer):
                       returns=jnp.ones((b, t)), old_values=jnp.zeros((b, t)))
 
 
-def _loss_grad(trainer):
+def _loss_grad_args(trainer):
   steps = trainer.steps
   coefs = steps._coefficients(trainer.state)
   fn = jax.value_and_grad(steps._micro_loss, has_aux=True)
-  args = (trainer.state.params, trainer.frozen, _batch(trainer), 1.0, coefs)
+  return fn, (trainer.state.params, trainer.frozen, _batch(trainer), 1.0, coefs)
+
+
+def _loss_grad(trainer):
+  fn, args = _loss_grad_args(trainer)
   return str(jax.make_jaxpr(fn)(*args)), jax.jit(fn)(*args)
 
 
 @pytest.mark.slow
 def test_remat_reaches_policy_and_critic_with_equal_gradients(folders):
-  base = run.build_trainer(_config(folders), open_run=False)
+  base = run.build_trainer(_config(folders, remat="none"), open_run=False)
   remat = run.build_trainer(_config(folders, remat="dots_saveable"), open_run=False)
   assert remat.steps.value_graphdef is not None  # the critic copied from the reward model
   decoders = [m for _, m in nnx.iter_modules(remat.policy_model()) if isinstance(m, Decoder)]
@@ -75,6 +79,20 @@ def test_remat_reaches_policy_and_critic_with_equal_gradients(folders):
   np.testing.assert_allclose(float(loss1), float(loss0), rtol=1e-6)
   for g1, g0 in zip(jax.tree.leaves(grads1), jax.tree.leaves(grads0), strict=True):
     np.testing.assert_allclose(np.asarray(g1), np.asarray(g0), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_the_default_dots_reaches_policy_and_critic(folders):
+  assert DEFAULT_REMAT == "dots" and run.RunConfig.remat == DEFAULT_REMAT
+  default = run.build_trainer(_config(folders), open_run=False)
+  critic = nnx.merge(default.steps.value_graphdef, default.state.params["value"],
+                     default.frozen.value_rest)
+  decoders = [m for model in (default.policy_model(), critic)
+              for _, m in nnx.iter_modules(model) if isinstance(m, Decoder)]
+  assert len(decoders) == 2 and all(d.remat == "dots" for d in decoders)
+  jaxpr, _ = _loss_grad(default)
+  tag = f"policy={jax.checkpoint_policies.dots_with_no_batch_dims_saveable!r}"
+  assert jaxpr.count(tag) >= 2, (tag, jaxpr[:2000])
 
 
 def test_remat_names(folders):
