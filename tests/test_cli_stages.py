@@ -222,6 +222,47 @@ def test_pipeline_wiring_and_errors(tmp_path):
   assert "reward stage" in message and "run_dir" in message and "out_dir" in message
 
 
+def test_pipeline_eval_section_is_checked_before_any_stage(tmp_path):
+  held = tmp_path / "held.jsonl"
+  held.write_text('{"prompt": "a b"}\n')
+  pipeline = {"out_dir": str(tmp_path / "out"), "model_path": "base",
+              "ppo": {"prompts_path": "q.jsonl", "reward_function": "length"},
+              "eval": {"prompts_path": str(held), "temperature": 0.7, "n": 2}}
+  path = tmp_path / "pipe.yaml"
+  path.write_text(yaml.safe_dump(pipeline))
+  evaluation = load_pipeline([str(path)])["eval"]
+  assert (evaluation.prompts_path, evaluation.temperature, evaluation.n, evaluation.seed) == (
+      str(held), 0.7, 2, 0)
+  assert load_pipeline([str(path), "eval.n=4", "eval.seed=3"])["eval"].n == 4
+  del pipeline["eval"]
+  path.write_text(yaml.safe_dump(pipeline))
+  assert load_pipeline([str(path)])["eval"] is None
+  # An override alone adds the section (greedy by default).
+  greedy = load_pipeline([str(path), f"eval.prompts_path={held}"])["eval"]
+  assert greedy.temperature is None and greedy.n == 1
+
+  def error(*overrides, text=None):
+    with pytest.raises((ValueError, FileNotFoundError)) as info:
+      load_pipeline([str(path if text is None else _write(tmp_path, text)), *overrides])
+    return str(info.value)
+
+  assert "eval.prompts_path" in error("eval.prompts_path=missing.jsonl")
+  message = error(f"eval.prompts_path={held}", "eval.n=3")
+  assert "eval.n=3 needs sampling" in message and "eval.temperature" in message
+  assert "eval.temperature=-1.0 is invalid" in error(f"eval.prompts_path={held}",
+                                                      "eval.temperature=-1")
+  assert "Did you mean 'temperature'" in error(f"eval.prompts_path={held}", "eval.temprature=1")
+  assert "Did you mean 'eval'" in error(text="evl: {prompts_path: x}\nppo: {prompts_path: q}\n")
+  sft_only = "sft: {model_path: m, train_path: t.jsonl, run_dir: r}\n"
+  assert "add a ppo stage" in error(text=f"{sft_only}eval: {{prompts_path: {held}}}\n")
+
+
+def _write(folder, text: str):
+  path = folder / "other.yaml"
+  path.write_text(text)
+  return path
+
+
 def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
   root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
   monkeypatch.syspath_prepend(str(root))

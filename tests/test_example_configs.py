@@ -5,6 +5,7 @@ downloaded). Pipeline configs run through experiments/hf_checkpoint_ppo.py, PPO 
 """
 
 import json
+import math
 import pathlib
 import sys
 
@@ -69,7 +70,7 @@ def _argv(name: str, assets, run_root: pathlib.Path) -> list[str]:
   if kind == "pipeline":
     return [path, f"model_path={model}", f"out_dir={run_root}",
             f"sft.train_path={assets['sft']}", f"reward.train_path={assets['prefs']}",
-            f"ppo.prompts_path={assets['prompts']}",
+            f"ppo.prompts_path={assets['prompts']}", f"eval.prompts_path={assets['prompts']}",
             *(f"sft.{o}" for o in SFT_SMALL), *(f"reward.{o}" for o in REWARD_SMALL),
             *(f"ppo.{o}" for o in PPO_SMALL)]
   if kind == "sft":
@@ -103,6 +104,7 @@ def test_example_config_loads_with_its_documented_command(name, assets, tmp_path
     assert ppo.reward_model_path == str(reward.export_path)
     assert {c.run_dir for c in (sft, reward, ppo)} == {
         str(tmp_path / s) for s in ("sft", "reward", "ppo")}
+    assert configs["eval"].prompts_path == str(assets["prompts"])
   else:
     loader = {"sft": load_sft_config, "reward": load_reward_config, "train": load_run_config}
     config = loader[kind](argv)
@@ -139,6 +141,11 @@ def test_example_config_runs_end_to_end(name, assets, tmp_path, capsys, monkeypa
     assert sft["steps_run"] == 2 and reward["steps_run"] == 2 and ppo["updates_run"] == 2
     from_pretrained(ppo["export_dir"])
     load_scalar_model(reward["export_dir"])
+    # The final PPO checkpoint scored the held-out prompts, as `jax-ppo eval` does.
+    assert ppo["eval"]["step"] == 2 and math.isfinite(ppo["eval"]["eval/score_mean"])
+    saved = json.loads(pathlib.Path(ppo["eval"]["out"]).read_text())
+    assert saved["step"] == 2 and saved["metrics"] == {
+        k: v for k, v in ppo["eval"].items() if k.startswith("eval/")}
     # The same command again resumes every stage: nothing left to train.
     again = _run(name, argv, capsys)
     assert [s.get("steps_run", s.get("updates_run")) for s in again] == [0, 0, 0]

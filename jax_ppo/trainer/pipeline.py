@@ -7,6 +7,9 @@ A pipeline file names (or holds) one config per stage and how they connect::
   sft: sft.yaml                   # an SFTRunConfig: a file (relative to this one) or a mapping
   reward: reward.yaml             # a RewardRunConfig
   ppo: ppo_reward_model.yaml      # a RunConfig (`jax-ppo train`)
+  eval:                           # optional: held-out prompts scored once PPO is complete
+    prompts_path: data/heldout.jsonl
+    temperature: null             # null: greedy; else sampled, `n` times per prompt
 
 Wiring (it replaces what the stage's file says, so the stage files also work on their own with
 `jax-ppo sft|reward|train`; a command-line override of the same key wins): `run_dir` is
@@ -20,11 +23,15 @@ Overrides are `key=value` with the stage's name first (`sft.sft.learning_rate=1e
 
 `run_pipeline` runs the stages in order, each resuming its own run folder, and stops after a
 stage that is not complete (`steps_per_run`/`updates_per_run`, or a preemption), so the same
-command continues it. The PPO policy is exported to `<ppo run_dir>/hf_model` when PPO is done.
+command continues it. The PPO policy is exported to `<ppo run_dir>/hf_model` when PPO is done,
+and with an `eval` section (`PipelineEval`; overrides `eval.n=4`) its final checkpoint samples
+and scores the held-out prompts as `jax-ppo eval` does (`evaluate_run`): the metrics go into the
+PPO summary and `<ppo run_dir>/eval/step_<N>.json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -36,27 +43,72 @@ from typing import Any
 
 import yaml
 
-from jax_ppo.config_io import apply_overrides, check_keys, parse_override, read_config_file
+from jax_ppo.config_io import (
+    apply_overrides,
+    check_keys,
+    config_from_dict,
+    parse_override,
+    read_config_file,
+)
 from jax_ppo.trainer.loop import CHECKPOINT_DIR
 from jax_ppo.trainer.reward_run import RewardRunConfig, load_reward_config, run_reward
-from jax_ppo.trainer.run import RunConfig, export_run, load_run_config, run_training
+from jax_ppo.trainer.run import (
+    RunConfig,
+    check_prompts_file,
+    evaluate_run,
+    export_run,
+    load_run_config,
+    run_training,
+)
 from jax_ppo.trainer.sft_run import SFTRunConfig, load_sft_config, run_sft
 
 logger = logging.getLogger("jax_ppo.pipeline")
 
 STAGES: dict[str, type] = {"sft": SFTRunConfig, "reward": RewardRunConfig, "ppo": RunConfig}
 """Pipeline section -> the config class of that stage."""
-TOP_LEVEL = ("model_path", "out_dir", *STAGES)
+TOP_LEVEL = ("model_path", "out_dir", *STAGES, "eval")
 """Keys of a pipeline file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineEval:
+  """The `eval` section: held-out prompts sampled and scored with the final PPO checkpoint.
+
+  Attributes:
+    prompts_path: held-out prompts (.txt or .jsonl, as `RunConfig.prompts_path`); checked when
+      the pipeline loads, so a typo fails before any stage trains.
+    temperature: None samples greedily; else the sampling temperature.
+    n: samples per prompt (best-of-n); more than 1 needs a temperature.
+    seed: sampling seed.
+  """
+
+  prompts_path: str = ""
+  temperature: float | None = None
+  n: int = 1
+  seed: int = 0
+
+  def __post_init__(self):
+    if not isinstance(self.prompts_path, str) or not self.prompts_path:
+      raise ValueError(f"eval.prompts_path={self.prompts_path!r} is invalid: give a held-out "
+                       "prompts file (.txt or .jsonl), or leave the eval section out.")
+    if self.temperature is not None and not self.temperature > 0:
+      raise ValueError(f"eval.temperature={self.temperature!r} is invalid: give a temperature "
+                       "> 0, or null to sample greedily.")
+    if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+      raise ValueError(f"eval.n={self.n!r} is invalid: give the number of samples per prompt "
+                       "(>= 1).")
+    if self.n > 1 and self.temperature is None:
+      raise ValueError(f"eval.n={self.n} needs sampling: greedy decoding gives {self.n} "
+                       "identical responses; give eval.temperature (e.g. 1.0).")
 
 
 def _split_overrides(overrides: Sequence[str], source: str) -> tuple[dict, dict[str, list[str]]]:
   top: dict[str, str] = {}
-  per_stage: dict[str, list[str]] = {name: [] for name in STAGES}
+  per_stage: dict[str, list[str]] = {name: [] for name in (*STAGES, "eval")}
   for text in overrides:
     key, value = parse_override(text)
     head, dot, rest = key.partition(".")
-    if head in STAGES and dot:
+    if head in (*STAGES, "eval") and dot:
       per_stage[head].append(f"{rest}={value}")
     elif head in ("model_path", "out_dir") and not dot:
       top[head] = yaml.safe_load(value) if value else None
@@ -66,7 +118,7 @@ def _split_overrides(overrides: Sequence[str], source: str) -> tuple[dict, dict[
       raise ValueError(
           f"Override {text!r} for {source}: unknown key {key!r}.{hint} Write model_path=..., "
           "out_dir=..., or a stage key with the stage first: sft.<SFTRunConfig key>=..., "
-          "reward.<RewardRunConfig key>=..., ppo.<RunConfig key>=...."
+          "reward.<RewardRunConfig key>=..., ppo.<RunConfig key>=..., eval.<key>=...."
       )
   return top, per_stage
 
@@ -95,6 +147,21 @@ def _section(pipeline: Mapping[str, Any], name: str, base: pathlib.Path,
                    f"{type(value).__name__}.")
 
 
+def _load_eval(value: Any, overrides: list[str], source: str) -> PipelineEval | None:
+  """The `eval` section with its overrides (None when neither is given)."""
+  if value is None and not overrides:
+    return None
+  value = {} if value is None else value
+  where = f"{source}, section 'eval'"
+  check_keys(PipelineEval, value, source=where)
+  try:
+    evaluation = config_from_dict(PipelineEval, apply_overrides(PipelineEval, value, overrides))
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  check_prompts_file(evaluation.prompts_path, field="eval.prompts_path")
+  return evaluation
+
+
 def _override_keys(overrides: Sequence[str]) -> set[str]:
   return {parse_override(o)[0].partition(".")[0] for o in overrides}
 
@@ -118,8 +185,8 @@ def _load(name: str, data: dict[str, Any], overrides: list[str], source: str):
 
 def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
   """The stage configs of a pipeline file and overrides: `{"sft": SFTRunConfig | None,
-  "reward": RewardRunConfig | None, "ppo": RunConfig | None}`, wired as the module docstring
-  says.
+  "reward": RewardRunConfig | None, "ppo": RunConfig | None, "eval": PipelineEval | None}`,
+  wired as the module docstring says.
 
   Raises:
     ValueError / FileNotFoundError: naming the file, section or override, and the fix.
@@ -143,6 +210,10 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
   sections = {name: _section(pipeline, name, base, source) for name in STAGES}
   if all(s is None for s in sections.values()):
     raise ValueError(f"{source} names no stage; give at least one of sft, reward, ppo.")
+  evaluation = _load_eval(pipeline.get("eval"), per_stage["eval"], source)
+  if evaluation is not None and sections["ppo"] is None:
+    raise ValueError(f"{source}: the eval section scores the PPO stage's final checkpoint; add "
+                     "a ppo stage or remove eval.")
   model_path, out_dir = pipeline.get("model_path"), pipeline.get("out_dir")
   for key, value in (("model_path", model_path), ("out_dir", out_dir)):
     if value is not None and (not isinstance(value, str) or not value):
@@ -180,6 +251,7 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
     if "reward_function" in ppo_keys and "reward_model_path" not in ppo_keys:
       data["reward_model_path"] = None  # a reward function named on the command line replaces it
     configs["ppo"] = _load("ppo", data, per_stage["ppo"], source)
+  configs["eval"] = evaluation
   return configs
 
 
@@ -225,6 +297,12 @@ def run_pipeline(
     if summary["complete"]:
       path, _ = export_run(config.run_dir, os.path.join(config.run_dir, "hf_model"))
       summary["export_dir"] = str(path)
+      evaluation: PipelineEval | None = configs.get("eval")
+      if evaluation is not None:
+        result = evaluate_run(config.run_dir, evaluation.prompts_path,
+                              temperature=evaluation.temperature, n=evaluation.n,
+                              seed=evaluation.seed)
+        summary["eval"] = {"step": result["step"], "out": result["out"], **result["metrics"]}
     done(summary, began)
   return summaries
 
@@ -236,4 +314,4 @@ def _latest_step(run_dir: str) -> int | None:
   return max(steps) if steps else None
 
 
-__all__ = ["STAGES", "load_pipeline", "run_pipeline"]
+__all__ = ["STAGES", "PipelineEval", "load_pipeline", "run_pipeline"]
