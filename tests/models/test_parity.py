@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from jax_ppo import models
 from tests.models.conftest import FAMILIES, hf_logits, jit_logits, left_padded_batch
@@ -95,3 +99,48 @@ def test_padding_does_not_change_valid_logits(hf_checkpoint):
   a = fwd(ids, mask)
   b = fwd(padded, padded_mask)[:, 4:]
   np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, dropout", [
+    ("gpt2", dict(resid_pdrop=0.2, embd_pdrop=0.2, attn_pdrop=0.2)),
+    ("llama2", dict(attention_dropout=0.2)),
+])
+def test_dropout_in_config_json_is_ignored_even_in_a_jitted_grad(name, dropout, hf_checkpoint):
+  """docs/rlhf_details.md item 14: a config.json with nonzero dropout probabilities loads, and
+  the forward pass of training (inside a jitted `jax.grad`) has no dropout: repeated calls give
+  identical logits and gradients, equal to Hugging Face's logits in evaluation mode."""
+  import torch
+
+  hf, path = hf_checkpoint(name, **dropout)
+  saved = json.loads(pathlib.Path(path, "config.json").read_text())
+  assert {k: saved[k] for k in dropout} == dropout
+  model = models.from_pretrained(path)
+  assert not any(isinstance(node, nnx.Dropout) for _, node in nnx.iter_graph(model))
+  assert not jax.tree.leaves(nnx.state(model, nnx.RngState))  # no RNG stream to drop with
+
+  ids, mask = left_padded_batch()
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  weights = np.random.default_rng(1).normal(size=(*ids.shape, hf.config.vocab_size))
+  weights = jnp.asarray(weights * mask[..., None], jnp.float32)
+
+  def loss(p, ids, mask):
+    logits = nnx.merge(graphdef, p, rest)(ids, attention_mask=mask)
+    return jnp.sum(logits * weights), logits
+
+  grad_fn = jax.jit(jax.grad(loss, has_aux=True))
+  grads, logits = grad_fn(params, ids, mask)
+  grads2, logits2 = grad_fn(params, ids, mask)
+  np.testing.assert_array_equal(np.asarray(logits), np.asarray(logits2))
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), grads,
+               grads2)
+  valid = mask.astype(bool)
+  ref = hf_logits(hf, ids, mask)  # evaluation mode: no dropout
+  assert np.abs(np.asarray(logits) - ref)[valid].max() < ATOL
+  # The probabilities are live in transformers: its training mode drops and changes the logits.
+  hf.train()
+  try:
+    torch.manual_seed(0)
+    dropped = hf_logits(hf, ids, mask)
+  finally:
+    hf.eval()
+  assert np.abs(dropped - ref)[valid].max() > 1e-2
