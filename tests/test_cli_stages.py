@@ -243,7 +243,8 @@ def test_pipeline_eval_section_is_checked_before_any_stage(tmp_path):
 
   def error(*overrides, text=None):
     with pytest.raises((ValueError, FileNotFoundError)) as info:
-      load_pipeline([str(path if text is None else _write(tmp_path, text)), *overrides])
+      other = path if text is None else _write(tmp_path / "other.yaml", text)
+      load_pipeline([str(other), *overrides])
     return str(info.value)
 
   assert "eval.prompts_path" in error("eval.prompts_path=missing.jsonl")
@@ -255,12 +256,6 @@ def test_pipeline_eval_section_is_checked_before_any_stage(tmp_path):
   assert "Did you mean 'eval'" in error(text="evl: {prompts_path: x}\nppo: {prompts_path: q}\n")
   sft_only = "sft: {model_path: m, train_path: t.jsonl, run_dir: r}\n"
   assert "add a ppo stage" in error(text=f"{sft_only}eval: {{prompts_path: {held}}}\n")
-
-
-def _write(folder, text: str):
-  path = folder / "other.yaml"
-  path.write_text(text)
-  return path
 
 
 def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
