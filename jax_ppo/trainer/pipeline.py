@@ -54,6 +54,7 @@ from jax_ppo.trainer.loop import CHECKPOINT_DIR
 from jax_ppo.trainer.reward_run import RewardRunConfig, load_reward_config, run_reward
 from jax_ppo.trainer.run import (
     RunConfig,
+    check_eval_sampling,
     check_prompts_file,
     evaluate_run,
     export_run,
@@ -66,7 +67,9 @@ logger = logging.getLogger("jax_ppo.pipeline")
 
 STAGES: dict[str, type] = {"sft": SFTRunConfig, "reward": RewardRunConfig, "ppo": RunConfig}
 """Pipeline section -> the config class of that stage."""
-TOP_LEVEL = ("model_path", "out_dir", *STAGES, "eval")
+SECTIONS = (*STAGES, "eval")
+"""Sections of a pipeline file, each overridden with `<section>.<key>=value`."""
+TOP_LEVEL = ("model_path", "out_dir", *SECTIONS)
 """Keys of a pipeline file."""
 
 
@@ -94,21 +97,17 @@ class PipelineEval:
     if self.temperature is not None and not self.temperature > 0:
       raise ValueError(f"eval.temperature={self.temperature!r} is invalid: give a temperature "
                        "> 0, or null to sample greedily.")
-    if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-      raise ValueError(f"eval.n={self.n!r} is invalid: give the number of samples per prompt "
-                       "(>= 1).")
-    if self.n > 1 and self.temperature is None:
-      raise ValueError(f"eval.n={self.n} needs sampling: greedy decoding gives {self.n} "
-                       "identical responses; give eval.temperature (e.g. 1.0).")
+    check_eval_sampling(self.n, self.temperature, n_field="eval.n",
+                        temperature_field="eval.temperature")
 
 
 def _split_overrides(overrides: Sequence[str], source: str) -> tuple[dict, dict[str, list[str]]]:
   top: dict[str, str] = {}
-  per_stage: dict[str, list[str]] = {name: [] for name in (*STAGES, "eval")}
+  per_stage: dict[str, list[str]] = {name: [] for name in SECTIONS}
   for text in overrides:
     key, value = parse_override(text)
     head, dot, rest = key.partition(".")
-    if head in (*STAGES, "eval") and dot:
+    if head in SECTIONS and dot:
       per_stage[head].append(f"{rest}={value}")
     elif head in ("model_path", "out_dir") and not dot:
       top[head] = yaml.safe_load(value) if value else None

@@ -313,6 +313,18 @@ def _bare_trainer(config: RunConfig) -> PPOTrainer:
   return build_trainer(config, open_run=False, prompts=PromptDataset([[0]]))
 
 
+def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
+                        temperature_field: str) -> None:
+  """ValueError naming `n_field` unless `n` is an int >= 1, and unless `n` is 1 when
+  `temperature` is None (greedy samples are identical); shared by `evaluate_run` and the
+  pipeline's `eval` section, which checks before any stage trains."""
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"{n_field}={n!r} is invalid: give the number of samples per prompt (>= 1).")
+  if n > 1 and temperature is None:
+    raise ValueError(f"{n_field}={n} needs sampling: greedy decoding gives {n} identical "
+                     f"responses; give {temperature_field} (e.g. 1.0).")
+
+
 def evaluate_run(
     run_dir: str | os.PathLike,
     prompts_path: str | os.PathLike,
@@ -351,11 +363,7 @@ def evaluate_run(
   Several processes (called by every process of a job that joined `jax.distributed`): every
   process samples and scores, each gathering the scores and samples; process 0 writes `out`.
   """
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f"--n={n!r} is invalid: give the number of samples per prompt (>= 1).")
-  if n > 1 and temperature is None:
-    raise ValueError(f"--n={n} needs sampling: greedy decoding gives {n} identical responses; "
-                     "give --temperature (e.g. 1.0).")
+  check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
   trainer = _bare_trainer(config)
