@@ -114,6 +114,45 @@ def test_reward_stage_normalises_on_sft_policy_samples(assets, tmp_path, capsys)
   assert again["steps_run"] == 0 and again["normalisation"]["samples"] == 4
 
 
+def test_reward_stage_reads_conversational_preferences(assets, tmp_path, capsys):
+  """A preference file of whole conversations (no prompt field) trains on the same pairs as its
+  explicit form, and the normalisation samples the policy on the shared turns; a record whose
+  conversations differ before the responses is one line naming the record."""
+  import shutil
+
+  model = tmp_path / "chat_model"
+  shutil.copytree(assets["model"], model)
+  tok = transformers.AutoTokenizer.from_pretrained(model)
+  tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+  tok.save_pretrained(model)
+  turn = lambda role, text: {"role": role, "content": text}  # noqa: E731
+  users = [[turn("user", "the movie was")], [turn("user", "the plot is")]]
+  explicit = [{"prompt": u, "chosen": [turn("assistant", "good fun")],
+               "rejected": [turn("assistant", "dull")]} for u in users * 2]
+  implicit = [{"chosen": r["prompt"] + r["chosen"], "rejected": r["prompt"] + r["rejected"]}
+              for r in explicit]
+  pairs, prompts = [], []
+  for name, records in (("explicit", explicit), ("implicit", implicit)):
+    path = _write(tmp_path / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    config = load_reward_config([f"model_path={model}", f"train_path={path}",
+                                 f"run_dir={tmp_path / name}", *REWARD])
+    trainer = build_reward_trainer(config)
+    try:
+      pairs.append(trainer.train_pairs)
+      prompts.append(_prompts(config, trainer.train_records))
+    finally:
+      trainer.close()
+  np.testing.assert_array_equal(pairs[0].chosen_ids, pairs[1].chosen_ids)
+  np.testing.assert_array_equal(pairs[0].rejected_ids, pairs[1].rejected_ids)
+  assert prompts[0] == prompts[1] == users
+  bad = _write(tmp_path / "bad.jsonl", json.dumps(implicit[0]) + "\n" + json.dumps(
+      {"chosen": implicit[0]["chosen"], "rejected": implicit[1]["rejected"]}) + "\n")
+  assert main(["reward", f"model_path={model}", f"train_path={bad}",
+               f"run_dir={tmp_path / 'bad'}", *REWARD]) == 2
+  _, err = capsys.readouterr()
+  assert len(err.strip().splitlines()) == 1 and "differ before their last turns" in err, err
+
+
 def _write(path: pathlib.Path, text: str) -> str:
   path.write_text(text, encoding="utf-8")
   return str(path)

@@ -12,12 +12,14 @@ from jax_ppo.data.files import (
     read_sft_examples,
     read_sft_records,
 )
+from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.data.prompts import PromptDataset
 
 __all__ = [
     "PromptDataset",
     "Record",
     "check_data_path",
+    "explicit_preference",
     "iter_records",
     "read_preference_records",
     "read_prompt_records",

@@ -12,7 +12,8 @@ trainers consume, with the trainers' default field names:
   `{"messages": [...]}` ending with the assistant's turn: records for
   `jax_ppo.trainer.SFTTrainer`, or `SFTExample`s tokenized by `jax_ppo.data.sft.encode_record`;
 * preference triples (`read_preference_records`): `{"prompt": str | messages, "chosen": str,
-  "rejected": str, "margin": float}` (margin optional, 0 when absent or null) for
+  "rejected": str, "margin": float}` (margin optional, 0 when absent or null), or conversational
+  ones with `messages` responses, with or without the prompt (`jax_ppo.data.preferences`), for
   `jax_ppo.trainer.RewardModelTrainer`.
 
 Field names are configurable (`prompt_field="question"` reads the file's `question` column and
@@ -37,6 +38,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.data.sft import SFTExample, encode_record
 
@@ -492,25 +494,34 @@ def read_preference_records(
   """Preference records `{"prompt", "chosen", "rejected", "margin"}` as
   `RewardModelTrainer(train_data=...)` takes them with its default field names.
 
-  The prompt is a string or a chat (a list of `{role, content}` messages); chosen and rejected
-  are strings; the margin is a finite number >= 0, 0 when absent or null.
+  A record is text or conversational (`jax_ppo.data.preferences`): chosen and rejected are
+  strings after a prompt string or chat, or chats ending with the assistant's turn, after a
+  prompt chat or, without one, holding the whole conversations (their shared turns become the
+  returned prompt, their last turns the responses). The margin is a finite number >= 0, 0 when
+  absent or null.
 
   Raises:
     ValueError: naming the file, line or row, field and fix, or a file without records.
   """
   want = (f"an object with \"{prompt_field}\", \"{chosen_field}\" and \"{rejected_field}\" "
           "fields")
+  fields = (prompt_field, chosen_field, rejected_field)
   out = []
   for record in iter_records(path, name=name, expected=want):
+    chats = isinstance(_value(record, chosen_field), list)
     for field, option in ((prompt_field, "prompt_field"), (chosen_field, "chosen_field"),
                           (rejected_field, "rejected_field")):
-      if _value(record, field) is None:
-        raise _missing(record, want, field, option,
-                       (prompt_field, chosen_field, rejected_field, margin_field))
-    if isinstance(_value(record, prompt_field), list):
-      prompt: Any = _messages(record, prompt_field)
-    else:
+      if _value(record, field) is None and not (chats and field == prompt_field):
+        raise _missing(record, want, field, option, (*fields, margin_field))
+    good, bad = (_messages(record, field) if isinstance(_value(record, field), list) else
+                 _text(record, field, f"{what} response")
+                 for field, what in ((chosen_field, "chosen"), (rejected_field, "rejected")))
+    prompt: Any = _value(record, prompt_field)
+    if isinstance(prompt, list):
+      prompt = _messages(record, prompt_field)
+    elif not chats:
       prompt = _text(record, prompt_field, "prompt")
+    prompt, good, bad = explicit_preference(prompt, good, bad, where=record.where, fields=fields)
     margin = _value(record, margin_field)
     if margin is None:
       margin = 0.0
@@ -518,9 +529,7 @@ def read_preference_records(
           or not math.isfinite(margin) or margin < 0):
       raise ValueError(f"{record.where}: \"{margin_field}\" must be a finite number >= 0, got "
                        f"{margin!r:.60} ({type(margin).__name__}); leave it out for 0.")
-    out.append({"prompt": prompt, "chosen": _text(record, chosen_field, "chosen response"),
-                "rejected": _text(record, rejected_field, "rejected response"),
-                "margin": float(margin)})
+    out.append({"prompt": prompt, "chosen": good, "rejected": bad, "margin": float(margin)})
   if not out:
     raise ValueError(f"{_label(path, name)} holds no records; give {RECORD_FORMATS}.")
   return out

@@ -97,23 +97,34 @@ def _with_eos(response: list[int], eos_token_id: int | None, add_eos: bool) -> l
   return response
 
 
-def _chat_example(messages: Any, tokenizer: Any, where: str) -> tuple[list[int], list[int]]:
+def chat_prompt_response(
+    messages: Any, tokenizer: Any, where: str, *, field: str = "messages"
+) -> tuple[list[int], list[int]]:
+  """Token ids `(prompt, response)` of a conversation that ends with the assistant's turn: the
+  chat template of every turn but the last with the generation prompt, and the rest of the
+  template of the whole conversation (the response the policy learns to write, and the reward
+  model scores).
+
+  Raises:
+    ValueError: naming `where` and `field`, for a conversation that is not a non-empty list of
+      `{role, content}` turns ending with the assistant's, a tokenizer without a chat template,
+      or a template that does not render the turns in order.
+  """
   if not isinstance(messages, list) or not messages or not all(
       isinstance(m, Mapping) and "role" in m and "content" in m for m in messages
   ):
     raise ValueError(
-        f"{where}: `messages` must be a non-empty list of {{'role': ..., 'content': ...}} turns."
+        f"{where}: `{field}` must be a non-empty list of {{'role': ..., 'content': ...}} turns."
     )
   if messages[-1]["role"] != "assistant":
     raise ValueError(
-        f"{where}: the last turn of `messages` has role {messages[-1]['role']!r}; it must be the "
+        f"{where}: the last turn of `{field}` has role {messages[-1]['role']!r}; it must be the "
         "assistant's response that SFT trains on."
     )
   if getattr(tokenizer, "chat_template", None) is None:
     raise ValueError(
-        f"{where}: a `messages` record needs a tokenizer with a chat template; set "
-        "tokenizer.chat_template (or load_tokenizer(chat_template=...)) or use prompt/response "
-        "fields."
+        f"{where}: a `{field}` chat needs a tokenizer with a chat template; set "
+        "tokenizer.chat_template (or load_tokenizer(chat_template=...)) or give text fields."
     )
   prompt_text = tokenizer.apply_chat_template(
       messages[:-1], tokenize=False, add_generation_prompt=True
@@ -153,7 +164,8 @@ def encode_record(
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected a mapping (a JSON object), got {type(record).__name__}.")
   if messages_field in record:
-    prompt, response = _chat_example(record[messages_field], tokenizer, where)
+    prompt, response = chat_prompt_response(record[messages_field], tokenizer, where,
+                                            field=messages_field)
   else:
     missing = [f for f in (prompt_field, response_field) if f not in record]
     if missing:
@@ -277,6 +289,7 @@ def pack_examples(
 __all__ = [
     "SFTExample",
     "SFTRows",
+    "chat_prompt_response",
     "encode_record",
     "encode_records",
     "example_from_ids",

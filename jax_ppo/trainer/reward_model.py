@@ -48,6 +48,8 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.checkpoint import RunCheckpointer
+from jax_ppo.data.preferences import explicit_preference, is_chat
+from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
@@ -171,7 +173,8 @@ class RewardModelTrainer(RunStage):
       with a new head; with LoRA adapters from `add_lora` only they and the head train).
     train_data: `PreferencePairs`, or records: mappings with the prompt/chosen/rejected (and
       optional margin) fields of `config`, holding strings (needs `tokenizer`) or token-id
-      lists; a prompt may also be a chat (list of `{role, content}` messages).
+      lists; a prompt may also be a chat (list of `{role, content}` messages), and chosen and
+      rejected may be chats too, with or without the prompt (`jax_ppo.data.preferences`).
     eval_data: the held-out split, in the same forms (None: `config.eval_fraction` of
       `train_data`, or no split: then `evaluate()` needs data).
     tokenizer: a transformers tokenizer (text records, EOS/pad ids, export).
@@ -253,25 +256,38 @@ class RewardModelTrainer(RunStage):
   # -- data ---------------------------------------------------------------------------------
 
   def _sequence(self, prompt, response, where: str) -> list[int]:
-    """Ids of prompt + response (EOS appended, start truncated to `max_length`). A prompt is
-    text (tokenized with the tokenizer's special tokens), a chat (a list of `{role, content}`
-    messages, rendered by the chat template with the generation prompt) or token ids; a
-    response is text (no special tokens) or token ids."""
-    ids = []
-    for part, is_prompt in ((prompt, True), (response, False)):
-      chat = is_prompt and isinstance(part, (list, tuple)) and bool(part) and all(
-          isinstance(m, Mapping) for m in part)
-      if isinstance(part, str) or chat:
-        if self.tokenizer is None:
-          raise ValueError(f"{where} holds text but no tokenizer was given; pass tokenizer= or "
-                           "give token-id lists.")
-        part = (encode_chat(self.tokenizer, [part])[0] if chat else
-                self.tokenizer(part, add_special_tokens=is_prompt)["input_ids"])
-      if not isinstance(part, (list, tuple, np.ndarray)) or not all(
-          isinstance(t, (int, np.integer)) and 0 <= t < self.vocab_size for t in part):
-        raise ValueError(f"{where} must be a string or a list of token ids in [0, "
-                         f"{self.vocab_size}) (the model's vocabulary).")
-      ids.extend(int(t) for t in part)
+    """Ids of prompt + response (EOS appended, start truncated to `max_length`).
+
+    A response is text (tokenized without special tokens), token ids, or a chat (the turns after
+    a chat prompt, ending with the assistant's; see `jax_ppo.data.preferences`). A text response
+    follows a prompt of text (tokenized with the tokenizer's special tokens), token ids or a chat
+    (rendered by the chat template with the generation prompt). A chat response is rendered with
+    its prompt by the chat template, split as SFT splits a conversation
+    (`jax_ppo.data.sft.chat_prompt_response`), and ends at its last EOS: template text after it
+    (a newline) is dropped, since a sampled response ends at EOS."""
+    if (isinstance(response, str) or is_chat(response) or is_chat(prompt)
+        or isinstance(prompt, str)) and self.tokenizer is None:
+      raise ValueError(f"{where} holds text but no tokenizer was given; pass tokenizer= or "
+                       "give token-id lists.")
+    if is_chat(response):
+      ids, tail = chat_prompt_response([*prompt, *response], self.tokenizer, where,
+                                       field=where.rpartition(".")[2])
+      if self.eos_token_id in tail:
+        tail = tail[:len(tail) - tail[::-1].index(self.eos_token_id)]
+      ids = [*ids, *tail]
+    else:
+      ids = []
+      for part, is_prompt in ((prompt, True), (response, False)):
+        if isinstance(part, str) or (is_prompt and is_chat(part)):
+          part = (self.tokenizer(part, add_special_tokens=is_prompt)["input_ids"]
+                  if isinstance(part, str) else encode_chat(self.tokenizer, [part])[0])
+        if not isinstance(part, (list, tuple, np.ndarray)):
+          raise ValueError(f"{where} must be a string, a chat or a list of token ids.")
+        ids.extend(part)
+    if not all(isinstance(t, (int, np.integer)) and 0 <= t < self.vocab_size for t in ids):
+      raise ValueError(f"{where} must be a string, a chat or a list of token ids in [0, "
+                       f"{self.vocab_size}) (the model's vocabulary).")
+    ids = [int(t) for t in ids]
     if self.config.add_eos and (not ids or ids[-1] != self.eos_token_id):
       ids.append(int(self.eos_token_id))
     if not ids:
@@ -295,15 +311,17 @@ class RewardModelTrainer(RunStage):
       if not isinstance(record, Mapping):
         raise ValueError(f"{name}[{i}] is a {type(record).__name__}; give a mapping with fields "
                          f"{c.prompt_field!r}, {c.chosen_field!r}, {c.rejected_field!r}.")
-      missing = [f for f in (c.prompt_field, c.chosen_field, c.rejected_field) if f not in record]
+      need = (c.chosen_field, c.rejected_field) + (
+          () if is_chat(record.get(c.chosen_field)) else (c.prompt_field,))
+      missing = [f for f in need if f not in record]
       if missing:
         raise ValueError(f"{name}[{i}] lacks field(s) {missing}; it has {sorted(record)} "
                          "(set RewardModelConfig.*_field to the record's names).")
-      prompt = record[c.prompt_field]
-      chosen.append(self._sequence(prompt, record[c.chosen_field],
-                                   f"{name}[{i}].{c.chosen_field}"))
-      rejected.append(self._sequence(prompt, record[c.rejected_field],
-                                     f"{name}[{i}].{c.rejected_field}"))
+      prompt, good, bad = explicit_preference(
+          record.get(c.prompt_field), record[c.chosen_field], record[c.rejected_field],
+          where=f"{name}[{i}]", fields=(c.prompt_field, c.chosen_field, c.rejected_field))
+      chosen.append(self._sequence(prompt, good, f"{name}[{i}].{c.chosen_field}"))
+      rejected.append(self._sequence(prompt, bad, f"{name}[{i}].{c.rejected_field}"))
       margin = record.get(c.margin_field, 0.0)
       if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(
           margin):

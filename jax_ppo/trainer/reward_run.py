@@ -13,6 +13,7 @@ Example config (YAML)::
 
   model_path: runs/sft/hf_model
   train_path: data/preferences.jsonl   # {"prompt": ..., "chosen": ..., "rejected": ...}
+                                       # (text or chats: jax_ppo.data.preferences)
   run_dir: runs/reward
   reward: {batch_size: 16, learning_rate: 1.0e-5, num_epochs: 1, eval_fraction: 0.05}
 """
@@ -31,6 +32,7 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.models import (
     add_lora,
     check_vocab_covers,
@@ -121,13 +123,18 @@ def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:
 
 def _prompts(config: RewardRunConfig, train: list[dict]) -> list[Any]:
   """Distinct prompts (strings or chats) for the normalisation samples, in file order."""
-  field = config.reward.prompt_field
+  c = config.reward
   if config.normalise_prompts_path is None:
-    records = train
+    # A conversational record without a prompt chat: the turns its two conversations share.
+    prompts = [explicit_preference(r.get(c.prompt_field), r[c.chosen_field], r[c.rejected_field],
+                                   where=f"RewardRunConfig.train_path record {i}",
+                                   fields=(c.prompt_field, c.chosen_field, c.rejected_field))[0]
+               for i, r in enumerate(train)]
   else:
-    records = read_records(config.normalise_prompts_path,
-                           field="RewardRunConfig.normalise_prompts_path", required=(field,))
-  distinct = {json.dumps(r[field], sort_keys=True): r[field] for r in records}
+    prompts = [r[c.prompt_field] for r in read_records(
+        config.normalise_prompts_path, field="RewardRunConfig.normalise_prompts_path",
+        required=(c.prompt_field,))]
+  distinct = {json.dumps(p, sort_keys=True): p for p in prompts}
   return list(distinct.values())[:config.normalise_samples]
 
 
@@ -183,7 +190,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
   check_model_folder("RewardRunConfig.model_path", config.model_path)
   c = config.reward
-  need = (c.prompt_field, c.chosen_field, c.rejected_field)
+  need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses
   for field in ("train_path", "eval_path", "normalise_prompts_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"RewardRunConfig.{field}")

@@ -117,6 +117,63 @@ def test_mixed_text_and_chat_records_with_nulls(tmp_path, fmt):
       chat_prompt["prompt"])
 
 
+def _turn(role: str, content: str) -> dict[str, str]:
+  return {"role": role, "content": content}
+
+
+USER = [_turn("system", "the film"), _turn("user", "the plot")]
+GOOD, BAD = [_turn("assistant", "was good")], [_turn("assistant", "was dull")]
+CONVERSATIONS = {  # one preference in the three conversational forms
+    "explicit": {"prompt": USER, "chosen": GOOD, "rejected": BAD, "margin": 0.5},
+    "implicit": {"chosen": USER + GOOD, "rejected": USER + BAD, "margin": 0.5},
+    # UltraFeedback-binarized: the first user message as a string beside whole conversations.
+    "string_prompt": {"prompt": "the plot", "chosen": USER + GOOD, "rejected": USER + BAD,
+                      "margin": 0.5},
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("form", sorted(CONVERSATIONS))
+def test_conversational_preferences_read_as_explicit_chats(tmp_path, fmt, form):
+  """Chat responses with a prompt chat, without a prompt, or beside a prompt string: the same
+  record, its prompt the turns before the responses."""
+  records = read_preference_records(_write(tmp_path, fmt, [CONVERSATIONS[form]] * 2))
+  assert records == [CONVERSATIONS["explicit"]] * 2
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"prompt": USER, "chosen": GOOD, "rejected": "was dull"},
+         r"\"chosen\" is a chat but \"rejected\" is not; give both responses as chats"),
+        ({"prompt": "the plot", "chosen": "was good", "rejected": BAD},
+         r"\"rejected\" is a chat but \"chosen\" is not"),
+        ({"prompt": USER, "chosen": GOOD, "rejected": [*BAD, _turn("user", "the film")]},
+         r"the last message of \"rejected\" has role 'user'; it must be the assistant's response "
+         r"that the reward model scores"),
+        ({"chosen": USER + GOOD, "rejected": USER[1:] + BAD},
+         r"without a \"prompt\" chat, \"chosen\" and \"rejected\" are whole conversations that "
+         r"must share every turn but their last, but they differ before their last turns; give "
+         r"the turns before the responses as \"prompt\""),
+        ({"prompt": "the plot", "chosen": GOOD, "rejected": BAD},
+         r"without a \"prompt\" chat \(a \"prompt\" that is not a chat, here 'the plot', is not "
+         r"used with chat responses\), .* but they have no turn before the assistant's response"),
+        ({"chosen": "was good", "rejected": "was dull"},
+         r"expected an object with \"prompt\", \"chosen\" and \"rejected\" fields, got keys "
+         r"\['chosen', 'rejected'\]"),
+        ({"prompt": USER, "chosen": [], "rejected": BAD},
+         r"\"chosen\" is empty; give at least one message"),
+    ],
+    ids=["mixed", "mixed_rejected", "last_role", "prefix", "no_context", "text_no_prompt",
+         "empty_chat"],
+)
+def test_malformed_conversational_preferences(tmp_path, record, message):
+  path = _write(tmp_path, "jsonl", [CONVERSATIONS["explicit"], record])
+  with pytest.raises(ValueError, match=message) as e:
+    read_preference_records(path)
+  assert str(e.value).startswith(f"{str(path)!r}, line 2: ")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_field_names_are_configurable(tmp_path, fmt):
   renamed = [{"question": r["prompt"], "answer": r["response"], "id": i}
@@ -288,7 +345,7 @@ def test_sft_examples_are_the_trainers_own_tokenisation(tmp_path, tok):
   tok_no_chat = type(tok).from_pretrained(tok.name_or_path)
   tok_no_chat.chat_template = None
   broken.write_text(json.dumps(SFT[0]) + "\n" + json.dumps(CHATS[0]) + "\n")
-  with pytest.raises(ValueError, match=rf"^{str(broken)!r}, line 2: a `messages` record needs a "
+  with pytest.raises(ValueError, match=rf"^{str(broken)!r}, line 2: a `messages` chat needs a "
                                        "tokenizer with a chat template"):
     read_sft_examples(broken, tok_no_chat)
 

@@ -209,6 +209,41 @@ def test_encodes_text_chat_and_id_records_with_eos_padding_and_margins(tmp_path)
   np.testing.assert_array_equal(p.margin, [1.5, 0.0, 0.0])
 
 
+def test_conversational_records_score_the_template_up_to_eos(tmp_path):
+  """Chat responses (with a prompt chat, or whole conversations without one) are the chat
+  template of the conversation, split as SFT splits it and ending at EOS, as a sampled response
+  does: the template's text after the assistant's EOS is not scored."""
+  pytest.importorskip("tokenizers")
+  from jax_ppo.data.sft import encode_record
+
+  tok = _word_tokenizer(tmp_path / "tok")
+  tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }}"
+                       "{% if m['role'] == 'assistant' %} </s> the{% endif %} {% endfor %}"
+                       "{% if add_generation_prompt %}assistant :{% endif %}")
+  user = [{"role": "user", "content": "the film"}]
+  good = [{"role": "assistant", "content": "was good"}]
+  bad = [{"role": "assistant", "content": "was bad"}]
+  forms = [{"prompt": user, "chosen": good, "rejected": bad},
+           {"chosen": user + good, "rejected": user + bad},
+           {"prompt": "the film", "chosen": user + good, "rejected": user + bad}]
+  config = RewardModelConfig(batch_size=3, total_steps=1, max_length=16)
+  trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
+                               train_data=forms)
+  p = trainer.train_pairs
+  head = [14, 16, 4, 5, 15, 16]  # "user : the film assistant :"
+  assert p.chosen_ids.tolist() == [head + [6, 7, 2]] * 3  # "was good </s>", not "the" after it
+  assert p.rejected_ids.tolist() == [head + [6, 8, 2]] * 3
+  sft = encode_record({"messages": user + good}, tok)
+  assert list(sft.prompt_ids + sft.response_ids) == head + [6, 7, 2, 4]  # SFT's own split
+  with pytest.raises(ValueError, match=r"train_data\[1\]: without a \"prompt\" chat, \"chosen\" "
+                                       r"and \"rejected\" .* differ before their last turns"):
+    RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
+                       train_data=[forms[0], {"chosen": user + good, "rejected": bad}])
+  with pytest.raises(ValueError, match=r"train_data\[0\]\.chosen holds text but no tokenizer"):
+    RewardModelTrainer(dataclasses.replace(config, eos_token_id=EOS),
+                       ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=forms[:1])
+
+
 def test_eval_fraction_holds_out_disjoint_pairs():
   records = _toy_records(20, 4)
   config = RewardModelConfig(batch_size=4, total_steps=1, eos_token_id=EOS, eval_fraction=0.25)
