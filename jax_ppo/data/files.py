@@ -466,14 +466,17 @@ def read_sft_examples(
     response_field: str = "response",
     messages_field: str = "messages",
     add_eos: bool = True,
+    assistant_turns: str = "all",
 ) -> list[SFTExample]:
   """`SFTExample`s of the file's SFT records, tokenized by `jax_ppo.data.sft.encode_record` (so
-  tokenizer errors, e.g. a chat template that cannot be split, also name the file and line)."""
+  tokenizer errors, e.g. a chat template that cannot be split, also name the file and line;
+  `add_eos` and `assistant_turns` as there)."""
   out = []
   want = _sft_want(prompt_field, response_field, messages_field)
   for record in iter_records(path, name=name, expected=want):
     data = _sft_record(record, prompt_field, response_field, messages_field)
-    out.append(encode_record(data, tokenizer, add_eos=add_eos, where=record.where))
+    out.append(encode_record(data, tokenizer, add_eos=add_eos, assistant_turns=assistant_turns,
+                             where=record.where))
   if not out:
     raise ValueError(f"{_label(path, name)} holds no records; give {RECORD_FORMATS}.")
   return out

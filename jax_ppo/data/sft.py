@@ -5,16 +5,19 @@ only (the prompt tokens are context, never targets). Records become examples thr
 tokenizer:
 
 * a `messages` record (a list of `{"role", "content"}` turns ending with the assistant's) goes
-  through `tokenizer.apply_chat_template`: the prompt is the template of every turn but the
-  last with the generation prompt (`add_generation_prompt=True`), the response is the rest of the
-  template of the whole conversation;
+  through `tokenizer.apply_chat_template`: the prompt is the template of the turns before the
+  first trained assistant turn with the generation prompt (`add_generation_prompt=True`), the
+  response is the rest of the template of the whole conversation. Every assistant turn is
+  trained (`assistant_turns="all"`, the user turns between them are context, masked out of the
+  loss by `SFTExample.response_mask`), or only the last (`"last"`; see `chat_segments`);
 * a plain record has a prompt string and a response string; the prompt is tokenised with the
   tokenizer's special tokens (BOS), the response without. The two are tokenised separately (as
   at generation time, where the response continues the tokenised prompt), so a response should
   carry the leading space that BPE vocabularies expect after a word (`" Great product."`).
 
-EOS is appended to every response (unless it already holds one, as chat templates that close
-the assistant turn with the EOS token do), so that the model learns to stop.
+EOS is appended to every response (to the last assistant turn of a chat, unless it already holds
+one, as chat templates that close the assistant turn with the EOS token do), so that the model
+learns to stop.
 
 Rows (`SFTRows`, host NumPy arrays `[N, L]`) are right-padded to `L = max_length`. Without
 packing a row holds one example; with packing (`pack_examples`) consecutive examples share a row
@@ -39,10 +42,14 @@ class SFTExample(NamedTuple):
   Attributes:
     prompt_ids: token ids of the prompt (context only, never a target).
     response_ids: token ids of the response (the targets), EOS included.
+    response_mask: None when every response token is a target; else one flag per response
+      token, False on the context inside it (the user turns between the assistant turns of a
+      multi-turn chat).
   """
 
   prompt_ids: tuple[int, ...]
   response_ids: tuple[int, ...]
+  response_mask: tuple[bool, ...] | None = None
 
   @property
   def num_tokens(self) -> int:
@@ -97,18 +104,54 @@ def _with_eos(response: list[int], eos_token_id: int | None, add_eos: bool) -> l
   return response
 
 
-def chat_prompt_response(
-    messages: Any, tokenizer: Any, where: str, *, field: str = "messages"
-) -> tuple[list[int], list[int]]:
-  """Token ids `(prompt, response)` of a conversation that ends with the assistant's turn: the
-  chat template of every turn but the last with the generation prompt, and the rest of the
-  template of the whole conversation (the response the policy learns to write, and the reward
-  model scores).
+ASSISTANT_TURNS = ("all", "last")
+"""Which assistant turns of a chat SFT trains on: every one, or the last (the earlier ones are
+then context)."""
+
+
+def _template(tokenizer: Any, messages: list, *, prompt: bool) -> str:
+  return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+
+def _turn_end(tokenizer: Any, messages: list, i: int, full: str) -> int | None:
+  """Where turn `i` ends in `full` (the template of the whole conversation), or None.
+
+  The end of the template of the turns through `i`, when that is a prefix of `full`; else (a
+  template that renders the last turn differently, e.g. Qwen3's empty reasoning block) the start
+  of turn `i + 1`: the template through it, less the template of that turn alone, when the
+  first is a prefix of `full` and ends with the second."""
+  if i == len(messages) - 1:
+    return len(full)
+  through = _template(tokenizer, messages[: i + 1], prompt=False)
+  if full.startswith(through):
+    return len(through)
+  upto = _template(tokenizer, messages[: i + 2], prompt=False)
+  alone = _template(tokenizer, messages[i + 1: i + 2], prompt=False)
+  if full.startswith(upto) and upto.endswith(alone):
+    return len(upto) - len(alone)
+  return None
+
+
+def chat_segments(
+    messages: Any, tokenizer: Any, where: str, *, field: str = "messages",
+    assistant_turns: str = "last",
+) -> list[tuple[list[int], bool]]:
+  """The token ids of a conversation that ends with the assistant's turn, as consecutive
+  segments `(ids, trained)`: context, then a trained assistant turn, then context, ...
+
+  A trained turn is the chat template's text from the end of the template of the turns before it
+  with the generation prompt to the end of the turn (`_turn_end`): the assistant's text and the
+  template's end-of-turn marker, which the policy learns to write. With
+  `assistant_turns="last"` only the last turn is trained, and everything before it is one
+  context segment. Each segment is tokenized on its own (without special tokens: the template
+  text holds BOS and the role markers), as a response continues its tokenized prompt at
+  generation time.
 
   Raises:
     ValueError: naming `where` and `field`, for a conversation that is not a non-empty list of
       `{role, content}` turns ending with the assistant's, a tokenizer without a chat template,
-      or a template that does not render the turns in order.
+      or a template whose renderings of the leading turns are not prefixes of the whole
+      conversation's (then the turns cannot be separated).
   """
   if not isinstance(messages, list) or not messages or not all(
       isinstance(m, Mapping) and "role" in m and "content" in m for m in messages
@@ -121,24 +164,50 @@ def chat_prompt_response(
         f"{where}: the last turn of `{field}` has role {messages[-1]['role']!r}; it must be the "
         "assistant's response that SFT trains on."
     )
+  if assistant_turns not in ASSISTANT_TURNS:
+    raise ValueError(f"assistant_turns={assistant_turns!r} is invalid: use one of "
+                     f"{ASSISTANT_TURNS}.")
   if getattr(tokenizer, "chat_template", None) is None:
     raise ValueError(
         f"{where}: a `{field}` chat needs a tokenizer with a chat template; set "
         "tokenizer.chat_template (or load_tokenizer(chat_template=...)) or give text fields."
     )
-  prompt_text = tokenizer.apply_chat_template(
-      messages[:-1], tokenize=False, add_generation_prompt=True
-  )
-  full_text = tokenizer.apply_chat_template(messages, tokenize=False)
-  if not full_text.startswith(prompt_text):
-    raise ValueError(
-        f"{where}: the chat template of the whole conversation does not start with the template "
-        "of its prompt turns (with add_generation_prompt=True), so the response cannot be "
-        "separated from the prompt; use a template that renders the turns in order."
-    )
-  # The template text already holds BOS and the role markers: no further special tokens.
-  return (_ids(tokenizer, prompt_text, special=False),
-          _ids(tokenizer, full_text[len(prompt_text):], special=False))
+  full = _template(tokenizer, messages, prompt=False)
+  turns = [len(messages) - 1] if assistant_turns == "last" else [
+      i for i, m in enumerate(messages) if m["role"] == "assistant"]
+  bounds = []  # character spans of the trained turns in `full`
+  for i in turns:
+    head = _template(tokenizer, messages[:i], prompt=True)
+    end = _turn_end(tokenizer, messages, i, full)
+    if end is None or not full.startswith(head) or end < len(head) or (
+        bounds and len(head) < bounds[-1][1]):
+      raise ValueError(
+          f"{where}: the chat template of the whole conversation does not start with the "
+          f"template of the turns before assistant turn {i} (with add_generation_prompt=True) "
+          "and through it, so the turn cannot be separated from its context; use a template "
+          "that renders the turns in order"
+          + (", or train on the last turn only (assistant_turns=\"last\")."
+             if assistant_turns == "all" and i != len(messages) - 1 else ".")
+      )
+    bounds.append((len(head), end))
+  segments, start = [], 0
+  for lo, hi in bounds:
+    if lo > start or not segments:
+      segments.append((_ids(tokenizer, full[start:lo], special=False), False))
+    segments.append((_ids(tokenizer, full[lo:hi], special=False), True))
+    start = hi
+  return segments
+
+
+def chat_prompt_response(
+    messages: Any, tokenizer: Any, where: str, *, field: str = "messages"
+) -> tuple[list[int], list[int]]:
+  """Token ids `(prompt, response)` of a conversation that ends with the assistant's turn: the
+  chat template of every turn but the last with the generation prompt, and the rest of the
+  template of the whole conversation (the response the policy learns to write, and the reward
+  model scores). See `chat_segments` (with `assistant_turns="last"`) for the errors."""
+  (prompt, _), (response, _) = chat_segments(messages, tokenizer, where, field=field)
+  return prompt, response
 
 
 def encode_record(
@@ -149,6 +218,7 @@ def encode_record(
     response_field: str = "response",
     messages_field: str = "messages",
     add_eos: bool = True,
+    assistant_turns: str = "all",
     where: str = "record",
 ) -> SFTExample:
   """One record -> an `SFTExample` (see the module docstring for the two record kinds).
@@ -158,29 +228,37 @@ def encode_record(
       strings.
     tokenizer: a transformers tokenizer (with a chat template for `messages` records).
     prompt_field, response_field, messages_field: the record's field names.
-    add_eos: append `tokenizer.eos_token_id` to the response unless it already holds it.
+    add_eos: append `tokenizer.eos_token_id` to the response (the last assistant turn of a chat)
+      unless it already holds it.
+    assistant_turns: "all": every assistant turn of a chat is a target (the user turns between
+      them are context, `SFTExample.response_mask`); "last": only the last one.
     where: how errors name the record (e.g. "train.jsonl line 12").
   """
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected a mapping (a JSON object), got {type(record).__name__}.")
   if messages_field in record:
-    prompt, response = chat_prompt_response(record[messages_field], tokenizer, where,
-                                            field=messages_field)
-  else:
-    missing = [f for f in (prompt_field, response_field) if f not in record]
-    if missing:
+    segments = chat_segments(record[messages_field], tokenizer, where, field=messages_field,
+                             assistant_turns=assistant_turns)
+    segments[-1] = (_with_eos(segments[-1][0], tokenizer.eos_token_id, add_eos), True)
+    if not segments[-1][0]:
+      raise ValueError(f"{where}: the response is empty, so the example has nothing to learn.")
+    response = [t for ids, _ in segments[1:] for t in ids]
+    mask = tuple(trained for ids, trained in segments[1:] for _ in ids)
+    return SFTExample(tuple(segments[0][0]), tuple(response), None if all(mask) else mask)
+  missing = [f for f in (prompt_field, response_field) if f not in record]
+  if missing:
+    raise ValueError(
+        f"{where}: no field {missing[0]!r} (fields: {sorted(record)}); give "
+        f"{prompt_field!r} and {response_field!r} strings or a {messages_field!r} list, or "
+        "set the field names in the config."
+    )
+  for field in (prompt_field, response_field):
+    if not isinstance(record[field], str):
       raise ValueError(
-          f"{where}: no field {missing[0]!r} (fields: {sorted(record)}); give "
-          f"{prompt_field!r} and {response_field!r} strings or a {messages_field!r} list, or "
-          "set the field names in the config."
+          f"{where}: field {field!r} must be a string, got {type(record[field]).__name__}."
       )
-    for field in (prompt_field, response_field):
-      if not isinstance(record[field], str):
-        raise ValueError(
-            f"{where}: field {field!r} must be a string, got {type(record[field]).__name__}."
-        )
-    prompt = _ids(tokenizer, record[prompt_field], special=True)
-    response = _ids(tokenizer, record[response_field], special=False)
+  prompt = _ids(tokenizer, record[prompt_field], special=True)
+  response = _ids(tokenizer, record[response_field], special=False)
   response = _with_eos(response, tokenizer.eos_token_id, add_eos)
   if not response:
     raise ValueError(f"{where}: the response is empty, so the example has nothing to learn.")
@@ -213,13 +291,21 @@ def _truncate(examples: Sequence[SFTExample], max_length: int) -> list[SFTExampl
   """Cuts the response of examples longer than `max_length` (the prompt stays whole)."""
   out, cut = [], 0
   for i, ex in enumerate(examples):
+    if ex.response_mask is not None and (len(ex.response_mask) != len(ex.response_ids)
+                                         or not any(ex.response_mask)):
+      raise ValueError(
+          f"Example {i} has a response_mask of {len(ex.response_mask)} flags "
+          f"({sum(map(bool, ex.response_mask))} True) for {len(ex.response_ids)} response "
+          "tokens; give one flag per response token, at least one True (or None: all trained).")
     if len(ex.prompt_ids) >= max_length:
       raise ValueError(
           f"Example {i} has a prompt of {len(ex.prompt_ids)} tokens, which leaves no room for a "
           f"response in max_length={max_length}; raise max_length or shorten the prompt."
       )
     if ex.num_tokens > max_length:
-      ex = SFTExample(ex.prompt_ids, ex.response_ids[: max_length - len(ex.prompt_ids)])
+      keep = max_length - len(ex.prompt_ids)
+      ex = SFTExample(ex.prompt_ids, ex.response_ids[:keep],
+                      None if ex.response_mask is None else ex.response_mask[:keep])
       cut += 1
     out.append(ex)
   if cut:
@@ -246,9 +332,12 @@ def _rows(groups: Sequence[Sequence[SFTExample]], max_length: int, pad_token_id:
       mask[r, span] = True
       positions[r, span] = np.arange(m)
       segment_ids[r, span] = k
-      # Slot j predicts token j + 1 of the same example; the response's tokens carry the loss.
+      # Slot j predicts token j + 1 of the same example; the response's tokens carry the loss
+      # (those of its mask), the first token none (no prompt: no BOS either).
       targets[r, offset : offset + m - 1] = ids[1:]
-      loss_mask[r, offset + max(p, 1) - 1 : offset + m - 1] = True  # no prompt: no BOS either
+      trained = np.zeros(m, bool)
+      trained[p:] = True if ex.response_mask is None else ex.response_mask
+      loss_mask[r, offset : offset + m - 1] = trained[1:]
       offset += m
   return SFTRows(input_ids, mask, positions, segment_ids, targets, loss_mask)
 
@@ -287,9 +376,11 @@ def pack_examples(
 
 
 __all__ = [
+    "ASSISTANT_TURNS",
     "SFTExample",
     "SFTRows",
     "chat_prompt_response",
+    "chat_segments",
     "encode_record",
     "encode_records",
     "example_from_ids",

@@ -43,6 +43,7 @@ from flax import nnx, struct
 from jax_ppo import core
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.sft import (
+    ASSISTANT_TURNS,
     SFTExample,
     SFTRows,
     encode_records,
@@ -77,6 +78,9 @@ class SFTConfig:
   """Record field of the response string."""
   messages_field: str = "messages"
   """Record field of a chat (list of `{role, content}` turns, rendered by the chat template)."""
+  assistant_turns: str = "all"
+  """Assistant turns of a chat that are targets: "all" (the user turns between them are context)
+  or "last" (every earlier turn is context)."""
   pad_token_id: int | None = None
   """Id written into padding (never attended to, never a target); None: the tokenizer's, or 0."""
   eos_token_id: int | None = None
@@ -138,6 +142,8 @@ class SFTConfig:
     for field in ("prompt_field", "response_field", "messages_field"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give the record's field name as a non-empty string")
+    if self.assistant_turns not in ASSISTANT_TURNS:
+      bad("assistant_turns", f"use one of {list(ASSISTANT_TURNS)}")
     if not 0 <= self.eval_fraction < 1:
       bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
 
@@ -415,7 +421,7 @@ class SFTTrainer(RunStage):
         )
       return encode_records(data, self.tokenizer, source=name, prompt_field=c.prompt_field,
                             response_field=c.response_field, messages_field=c.messages_field,
-                            add_eos=c.add_eos)
+                            add_eos=c.add_eos, assistant_turns=c.assistant_turns)
     out = []
     for i, d in enumerate(data):
       if isinstance(d, SFTExample):

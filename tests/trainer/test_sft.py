@@ -55,6 +55,8 @@ def _numpy_nll(trainer, examples):
     logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
     p = len(ex.prompt_ids)
     for j in range(max(p, 1), len(ids)):  # token j is predicted at slot j - 1
+      if ex.response_mask is not None and not ex.response_mask[j - p]:
+        continue  # context inside the response
       total -= logp[j - 1, ids[j]]
       count += 1
   return total, count
@@ -81,6 +83,19 @@ def test_loss_equals_numpy_reference_with_global_token_normalisation():
   single = _trainer(examples=examples).step()
   np.testing.assert_allclose(single["train/loss"], metrics["train/loss"], rtol=1e-6)
   np.testing.assert_allclose(single["train/grad_norm"], metrics["train/grad_norm"], rtol=1e-5)
+
+
+def test_masked_response_tokens_are_input_but_never_targets():
+  """Context inside a response (the user turns of a multi-turn chat: `response_mask` False) is
+  attended to but carries no loss: the step's loss is the NumPy NLL of the trained tokens."""
+  examples = [SFTExample((3, 4), (5, 6, 7, 8, EOS), (True, False, False, True, True)),
+              *_examples(3, seed=3)]
+  trainer = _trainer(examples=examples)
+  want_sum, want_n = _numpy_nll(trainer, examples)
+  assert want_n == 3 + sum(len(ex.response_ids) for ex in examples[1:])
+  metrics = trainer.step()
+  np.testing.assert_allclose(metrics["train/loss"], want_sum / want_n, rtol=1e-5)
+  assert metrics["train/tokens"] == want_n
 
 
 def test_prompt_and_padding_tokens_carry_no_loss_or_gradient():
