@@ -110,8 +110,8 @@ def _train_fails(files, tmp_path, capsys, *args) -> str:
          r"bad.jsonl', line 3, column 16: invalid JSON \(Expecting property name enclosed in "
          r"double quotes\); write one JSON object per line"),
         ("field.jsonl", b'{"prompt": "a"}\n{"promt": "b"}\n',
-         r"line 2: expected an object with a \"prompt\" string or a \"messages\" list, got keys "
-         r"\['promt'\]; rename 'promt' to \"prompt\""),
+         r"line 2: expected an object with a \"prompt\" string or chat or a \"messages\" list, got "
+         r"keys \['promt'\]; rename 'promt' to \"prompt\""),
         ("text.jsonl", b'{"text": "b"}\n', r"line 1: .* got keys \['text'\] \("),
         ("list.jsonl", b'["the movie"]\n', r"line 1: expected an object with a \"prompt\""),
         ("num.jsonl", b'{"prompt": 123}\n', r"line 1: \"prompt\" must be a string, got 123 "

@@ -5,12 +5,14 @@ came from (`"'train.jsonl', line 12"`, `"'train.parquet', row 3"`, rows counted 
 `datasets` and pandas count them). Three typed front-ends check every record and return what the
 trainers consume, with the trainers' default field names:
 
-* prompts (`read_prompts`): `{"prompt": str}` or `{"messages": [{role, content}, ...]}`, also a
-  `.txt` file of one prompt per line; tokenized into a `jax_ppo.data.PromptDataset` (a chat is
-  rendered by the tokenizer's chat template with the generation prompt);
-* SFT pairs (`read_sft_records`, `read_sft_examples`): `{"prompt": str, "response": str}` or
-  `{"messages": [...]}` ending with the assistant's turn: records for
-  `jax_ppo.trainer.SFTTrainer`, or `SFTExample`s tokenized by `jax_ppo.data.sft.encode_record`;
+* prompts (`read_prompts`): `{"prompt": str}` or `{"messages": [{role, content}, ...]}` (or a
+  chat in the prompt field, TRL's conversational prompt), also a `.txt` file of one prompt per
+  line; tokenized into a `jax_ppo.data.PromptDataset` (a chat is rendered by the tokenizer's
+  chat template with the generation prompt);
+* SFT pairs (`read_sft_records`, `read_sft_examples`): `{"prompt": str, "response": str}`, the
+  same with two chats (TRL's conversational prompt-completion) or `{"messages": [...]}` ending
+  with the assistant's turn: records for `jax_ppo.trainer.SFTTrainer`, or `SFTExample`s
+  tokenized by `jax_ppo.data.sft.encode_record`;
 * preference triples (`read_preference_records`): `{"prompt": str | messages, "chosen": str,
   "rejected": str, "margin": float}` (margin optional, 0 when absent or null), or conversational
   ones with `messages` responses, with or without the prompt (`jax_ppo.data.preferences`), for
@@ -306,13 +308,16 @@ def _messages(record: Record, field: str, *, last_role: str | None = None) -> li
 
 
 def _prompt_want(prompt_field: str, messages_field: str) -> str:
-  return f"an object with a \"{prompt_field}\" string or a \"{messages_field}\" list"
+  return (f"an object with a \"{prompt_field}\" string or chat or a \"{messages_field}\" "
+          "list")
 
 
 def _prompt_record(record: Record, prompt_field: str, messages_field: str,
                    option: bool) -> dict[str, Any]:
   if _value(record, prompt_field) is None and isinstance(_value(record, messages_field), list):
     return {"messages": _messages(record, messages_field)}
+  if isinstance(_value(record, prompt_field), list):  # TRL's conversational prompt
+    return {"messages": _messages(record, prompt_field)}
   if _value(record, prompt_field) is not None:
     return {"prompt": _text(record, prompt_field, "prompt")}
   if _value(record, messages_field) is not None:
@@ -419,7 +424,7 @@ def read_prompts(
 
 
 def _sft_want(prompt_field: str, response_field: str, messages_field: str) -> str:
-  return (f"an object with \"{prompt_field}\" and \"{response_field}\" strings or a "
+  return (f"an object with \"{prompt_field}\" and \"{response_field}\" strings (or chats) or a "
           f"\"{messages_field}\" list")
 
 
@@ -431,6 +436,14 @@ def _sft_record(record: Record, prompt_field: str, response_field: str,
   for field, option in ((prompt_field, "prompt_field"), (response_field, "response_field")):
     if _value(record, field) is None:
       raise _missing(record, want, field, option, (prompt_field, response_field, messages_field))
+  chats = [isinstance(_value(record, f), list) for f in (prompt_field, response_field)]
+  if chats[0] != chats[1]:
+    chat, other = (prompt_field, response_field) if chats[0] else (response_field, prompt_field)
+    raise ValueError(f"{record.where}: \"{chat}\" is a chat but \"{other}\" is not; give both "
+                     "as chats (lists of {\"role\", \"content\"} messages) or both as strings.")
+  if chats[0]:  # TRL's conversational prompt and completion
+    return {"prompt": _messages(record, prompt_field),
+            "response": _messages(record, response_field, last_role="assistant")}
   return {"prompt": _text(record, prompt_field, "prompt"),
           "response": _text(record, response_field, "response")}
 

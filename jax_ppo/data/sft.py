@@ -9,7 +9,9 @@ tokenizer:
   first trained assistant turn with the generation prompt (`add_generation_prompt=True`), the
   response is the rest of the template of the whole conversation. Every assistant turn is
   trained (`assistant_turns="all"`, the user turns between them are context, masked out of the
-  loss by `SFTExample.response_mask`), or only the last (`"last"`; see `chat_segments`);
+  loss by `SFTExample.response_mask`), or only the last (`"last"`; see `chat_segments`). A
+  record whose prompt and response are both chats (TRL's conversational prompt-completion) is
+  the conversation of the two, with only the response's turns trained;
 * a plain record has a prompt string and a response string; the prompt is tokenised with the
   tokenizer's special tokens (BOS), the response without. The two are tokenised separately (as
   at generation time, where the response continues the tokenised prompt), so a response should
@@ -134,7 +136,7 @@ def _turn_end(tokenizer: Any, messages: list, i: int, full: str) -> int | None:
 
 def chat_segments(
     messages: Any, tokenizer: Any, where: str, *, field: str = "messages",
-    assistant_turns: str = "last",
+    assistant_turns: str = "last", first_turn: int = 0,
 ) -> list[tuple[list[int], bool]]:
   """The token ids of a conversation that ends with the assistant's turn, as consecutive
   segments `(ids, trained)`: context, then a trained assistant turn, then context, ...
@@ -143,9 +145,10 @@ def chat_segments(
   with the generation prompt to the end of the turn (`_turn_end`): the assistant's text and the
   template's end-of-turn marker, which the policy learns to write. With
   `assistant_turns="last"` only the last turn is trained, and everything before it is one
-  context segment. Each segment is tokenized on its own (without special tokens: the template
-  text holds BOS and the role markers), as a response continues its tokenized prompt at
-  generation time.
+  context segment; with "all", every assistant turn from index `first_turn` on (the turns before
+  it, e.g. a conversational prompt's, are context). Each segment is tokenized on its own
+  (without special tokens: the template text holds BOS and the role markers), as a response
+  continues its tokenized prompt at generation time.
 
   Raises:
     ValueError: naming `where` and `field`, for a conversation that is not a non-empty list of
@@ -174,7 +177,7 @@ def chat_segments(
     )
   full = _template(tokenizer, messages, prompt=False)
   turns = [len(messages) - 1] if assistant_turns == "last" else [
-      i for i, m in enumerate(messages) if m["role"] == "assistant"]
+      i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= first_turn]
   bounds = []  # character spans of the trained turns in `full`
   for i in turns:
     head = _template(tokenizer, messages[:i], prompt=True)
@@ -224,8 +227,9 @@ def encode_record(
   """One record -> an `SFTExample` (see the module docstring for the two record kinds).
 
   Args:
-    record: a mapping with `messages_field`, or with `prompt_field` and `response_field`
-      strings.
+    record: a mapping with `messages_field`, or with `prompt_field` and `response_field`, both
+      strings or both chats (a conversational prompt and completion, as TRL's: the completion
+      ends with the assistant's turn, and only its turns are trained).
     tokenizer: a transformers tokenizer (with a chat template for `messages` records).
     prompt_field, response_field, messages_field: the record's field names.
     add_eos: append `tokenizer.eos_token_id` to the response (the last assistant turn of a chat)
@@ -236,9 +240,22 @@ def encode_record(
   """
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected a mapping (a JSON object), got {type(record).__name__}.")
-  if messages_field in record:
-    segments = chat_segments(record[messages_field], tokenizer, where, field=messages_field,
-                             assistant_turns=assistant_turns)
+  prompt, response = record.get(prompt_field), record.get(response_field)
+  if messages_field in record or isinstance(prompt, list) or isinstance(response, list):
+    if messages_field in record:
+      messages, first, field = record[messages_field], 0, messages_field
+    elif not (isinstance(prompt, list) and isinstance(response, list)):
+      chat, other = ((prompt_field, response_field) if isinstance(prompt, list) else
+                     (response_field, prompt_field))
+      raise ValueError(f"{where}: field {chat!r} is a chat but {other!r} is not; give both as "
+                       f"chats (lists of {{'role', 'content'}} turns) or both as strings.")
+    elif not response:
+      raise ValueError(f"{where}: field {response_field!r} is an empty chat; give the "
+                       "assistant's turn(s) that SFT trains on.")
+    else:  # a conversational prompt and completion: only the completion's turns are trained
+      messages, first, field = [*prompt, *response], len(prompt), response_field
+    segments = chat_segments(messages, tokenizer, where, field=field,
+                             assistant_turns=assistant_turns, first_turn=first)
     segments[-1] = (_with_eos(segments[-1][0], tokenizer.eos_token_id, add_eos), True)
     if not segments[-1][0]:
       raise ValueError(f"{where}: the response is empty, so the example has nothing to learn.")

@@ -175,6 +175,35 @@ def test_malformed_conversational_preferences(tmp_path, record, message):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_conversational_prompts_and_completions(tmp_path, fmt, tok):
+  """TRL's conversational prompt-only and prompt-completion records: a chat in the prompt (and
+  completion) field reads as a chat, and tokenizes as the trainers' own records do."""
+  chat = CHATS[1]["messages"]
+  prompts = _write(tmp_path, fmt, [{"prompt": chat[:1]}] * 2, "prompts")
+  assert read_prompt_records(prompts) == [{"messages": chat[:1]}] * 2
+  assert read_prompts(prompts, tok).prompts == [[14, 16, 4, 11, 15, 16]] * 2  # "user : the plot
+  pairs = [{"prompt": chat[:1], "completion": chat[1:]}] * 2                 # assistant :"
+  path = _write(tmp_path, fmt, pairs, "pairs")
+  assert read_sft_records(path, response_field="completion") == [
+      {"prompt": chat[:1], "response": chat[1:]}] * 2
+  assert read_sft_examples(path, tok, response_field="completion") == encode_records(
+      [{"messages": chat}] * 2, tok)
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"prompt": [{"role": "user", "content": "a"}], "response": "b"},
+     r"line 1: \"prompt\" is a chat but \"response\" is not; give both as chats"),
+    ({"prompt": "a", "response": [{"role": "assistant", "content": "b"}]},
+     r"line 1: \"response\" is a chat but \"prompt\" is not"),
+    ({"prompt": [{"role": "user", "content": "a"}], "response": [{"role": "user", "content": "b"}]},
+     r"line 1: the last message of \"response\" has role 'user'; it must be the assistant's"),
+], ids=["chat_prompt", "chat_response", "last_role"])
+def test_malformed_conversational_sft_records(tmp_path, record, message):
+  with pytest.raises(ValueError, match=message):
+    read_sft_records(_write(tmp_path, "jsonl", [record]))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_field_names_are_configurable(tmp_path, fmt):
   renamed = [{"question": r["prompt"], "answer": r["response"], "id": i}
              for i, r in enumerate(SFT)]
@@ -232,7 +261,7 @@ def test_load_prompts_reads_every_format_and_chats(tmp_path, fmt, tok):
         (b'{"prompt": "a", "response": "b"}\n{"prompt": "\xe9", "response": "d"}\n',
          r"line 2: not valid UTF-8 \(byte b'\\xe9' at column 13\); save the file as UTF-8"),
         (b'["a", "b"]\n', r"line 1: expected an object with \"prompt\" and \"response\" strings "
-                          r"or a \"messages\" list, got '\[\"a\", \"b\"\]'"),
+                          r"\(or chats\) or a \"messages\" list, got '\[\"a\", \"b\"\]'"),
         (b'{"prompt": "a", "respons": "b"}\n',
          r"line 1: expected an object .* got keys \['prompt', 'respons'\]; rename 'respons' to "
          r"\"response\" \(or pass response_field='respons'\)"),
@@ -294,9 +323,10 @@ def test_malformed_rows_name_the_row_and_field(tmp_path, fmt):
                                        r"text or remove the row\.$"):
     read_prompt_records(path)
   path = _write(tmp_path, fmt, [{"promt": "the film"}], "typo")
-  with pytest.raises(ValueError, match=r"row 0: expected an object with a \"prompt\" string or a "
-                                       r"\"messages\" list, got keys \['promt'\]; rename 'promt' "
-                                       r"to \"prompt\" \(or pass prompt_field='promt'\)\.$"):
+  with pytest.raises(ValueError, match=r"row 0: expected an object with a \"prompt\" string or "
+                                       r"chat or a \"messages\" list, got keys \['promt'\]; "
+                                       r"rename 'promt' to \"prompt\" \(or pass "
+                                       r"prompt_field='promt'\)\.$"):
     read_prompt_records(path)
 
 

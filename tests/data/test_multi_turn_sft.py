@@ -142,3 +142,19 @@ def test_sft_config_chooses_the_trained_turns(tok):
                          tokenizer=tok)
     masks[turns] = trainer.train_rows.targets[0][trainer.train_rows.loss_mask[0]].tolist()
   assert masks == {"all": [8, 4, 8, EOS], "last": [8, EOS]}
+
+
+def test_conversational_prompt_and_completion_train_the_completion_only(tok):
+  """TRL's conversational prompt-completion records: the prompt's assistant turns are context."""
+  record = {"prompt": CHAT[:3], "completion": CHAT[3:]}
+  ex = encode_record(record, tok, response_field="completion")
+  assert ex == encode_record({"messages": CHAT}, tok, assistant_turns="last")
+  assert encode_record({"prompt": CHAT[:1], "response": CHAT[1:]}, tok) == encode_record(
+      {"messages": CHAT}, tok)  # every turn of a multi-turn completion
+  with pytest.raises(ValueError, match=r"^r: field 'prompt' is a chat but 'response' is not; "
+                                       r"give both as chats"):
+    encode_record({"prompt": CHAT[:1], "response": "good"}, tok, where="r")
+  with pytest.raises(ValueError, match=r"^r: field 'response' is an empty chat"):
+    encode_record({"prompt": CHAT[:1], "response": []}, tok, where="r")
+  with pytest.raises(ValueError, match=r"the last turn of `response` has role 'user'"):
+    encode_record({"prompt": CHAT[:1], "response": CHAT[1:3]}, tok, where="r")
