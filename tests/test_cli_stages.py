@@ -171,6 +171,13 @@ def _write(path: pathlib.Path, text: str) -> str:
     ("reward", ["normalise_samples=0"], "RewardRunConfig.normalise_samples=0 is invalid"),
     ("reward", ["reward.chosen_feild=x"], "Did you mean 'chosen_field'"),
     ("reward", ["train_path=NO_REJECTED"], 'line 1: the record has no "rejected"'),
+    # The trainers' own checks of a record name its file and line too.
+    ("sft", ["train_path=CHAT_AND_TEXT"], "chat.jsonl', line 2: field 'prompt' is a chat but "
+                                          "'response' is not"),
+    ("reward", ["train_path=CHAT_AND_TEXT"], "chat.jsonl', line 2: \"chosen\" is a chat but "
+                                             "\"rejected\" is not"),
+    ("reward", ["train_path=BAD_MARGIN"], "m.jsonl', line 1, field 'margin'='big' must be a "
+                                          "finite number"),
 ])
 def test_bad_inputs_get_one_line_naming_the_field(stage, extra, message, assets, tmp_path,
                                                   capsys):
@@ -182,6 +189,12 @@ def test_bad_inputs_get_one_line_naming_the_field(stage, extra, message, assets,
       "BAD_JSON": _write(tmp_path / "b.jsonl", '{"prompt": "a", "response": "b"}\n\n{"prompt": \n'),
       "NOT_A_MODEL": str(tmp_path),
       "NO_REJECTED": _write(tmp_path / "c.jsonl", '{"prompt": "a", "chosen": "b"}\n'),
+      "CHAT_AND_TEXT": _write(tmp_path / "chat.jsonl", "\n".join(json.dumps(r) for r in (
+          {"prompt": "the movie", "response": "good", "chosen": "good", "rejected": "bad"},
+          {"prompt": [{"role": "user", "content": "the movie"}], "response": "good",
+           "chosen": [{"role": "assistant", "content": "good"}], "rejected": "bad"}))),
+      "BAD_MARGIN": _write(tmp_path / "m.jsonl", json.dumps(
+          {"prompt": "a", "chosen": "good", "rejected": "bad", "margin": "big"})),
   }
   extra = [e.split("=")[0] + "=" + files.get(e.split("=")[1], e.split("=")[1]) for e in extra]
   message = message.replace("'MISSING.jsonl'", repr(files["MISSING.jsonl"]))

@@ -283,11 +283,13 @@ def encode_record(
 
 
 def encode_records(
-    records: Iterable[Mapping[str, Any]], tokenizer: Any, *, source: str = "records", **kwargs
+    records: Iterable[Mapping[str, Any]], tokenizer: Any, *, source: str = "records",
+    places: Sequence[str] | None = None, **kwargs
 ) -> list[SFTExample]:
-  """`encode_record` over `records`; errors name `source` and the record's index."""
-  return [encode_record(r, tokenizer, where=f"{source}[{i}]", **kwargs)
-          for i, r in enumerate(records)]
+  """`encode_record` over `records`; errors name `source` and the record's index, or its
+  `places[i]` (e.g. "'train.jsonl', line 3") when given."""
+  return [encode_record(r, tokenizer, where=f"{source}[{i}]" if places is None else places[i],
+                        **kwargs) for i, r in enumerate(records)]
 
 
 def example_from_ids(

@@ -255,7 +255,7 @@ class RewardModelTrainer(RunStage):
 
   # -- data ---------------------------------------------------------------------------------
 
-  def _sequence(self, prompt, response, where: str) -> list[int]:
+  def _sequence(self, prompt, response, where: str, field: str) -> list[int]:
     """Ids of prompt + response (EOS appended, start truncated to `max_length`).
 
     A response is text (tokenized without special tokens), token ids, or a chat (the turns after
@@ -270,8 +270,7 @@ class RewardModelTrainer(RunStage):
       raise ValueError(f"{where} holds text but no tokenizer was given; pass tokenizer= or "
                        "give token-id lists.")
     if is_chat(response):
-      ids, tail = chat_prompt_response([*prompt, *response], self.tokenizer, where,
-                                       field=where.rpartition(".")[2])
+      ids, tail = chat_prompt_response([*prompt, *response], self.tokenizer, where, field=field)
       if self.eos_token_id in tail:
         tail = tail[:len(tail) - tail[::-1].index(self.eos_token_id)]
       ids = [*ids, *tail]
@@ -307,25 +306,31 @@ class RewardModelTrainer(RunStage):
     if isinstance(data, (str, bytes)) or not isinstance(data, Sequence) or not data:
       raise ValueError(f"{name} must be PreferencePairs or a non-empty list of records.")
     chosen, rejected, margins = [], [], []
+    places = getattr(data, "places", None)  # records read from a file name its lines
+
+    def at(where: str, field: str) -> str:
+      return f"{where}.{field}" if places is None else f"{where}, field {field!r}"
+
     for i, record in enumerate(data):
+      where = f"{name}[{i}]" if places is None else places[i]
       if not isinstance(record, Mapping):
-        raise ValueError(f"{name}[{i}] is a {type(record).__name__}; give a mapping with fields "
+        raise ValueError(f"{where} is a {type(record).__name__}; give a mapping with fields "
                          f"{c.prompt_field!r}, {c.chosen_field!r}, {c.rejected_field!r}.")
       need = (c.chosen_field, c.rejected_field) + (
           () if is_chat(record.get(c.chosen_field)) else (c.prompt_field,))
       missing = [f for f in need if f not in record]
       if missing:
-        raise ValueError(f"{name}[{i}] lacks field(s) {missing}; it has {sorted(record)} "
+        raise ValueError(f"{where} lacks field(s) {missing}; it has {sorted(record)} "
                          "(set RewardModelConfig.*_field to the record's names).")
       prompt, good, bad = explicit_preference(
           record.get(c.prompt_field), record[c.chosen_field], record[c.rejected_field],
-          where=f"{name}[{i}]", fields=(c.prompt_field, c.chosen_field, c.rejected_field))
-      chosen.append(self._sequence(prompt, good, f"{name}[{i}].{c.chosen_field}"))
-      rejected.append(self._sequence(prompt, bad, f"{name}[{i}].{c.rejected_field}"))
+          where=where, fields=(c.prompt_field, c.chosen_field, c.rejected_field))
+      chosen.append(self._sequence(prompt, good, at(where, c.chosen_field), c.chosen_field))
+      rejected.append(self._sequence(prompt, bad, at(where, c.rejected_field), c.rejected_field))
       margin = record.get(c.margin_field, 0.0)
       if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(
           margin):
-        raise ValueError(f"{name}[{i}].{c.margin_field}={margin!r} must be a finite number.")
+        raise ValueError(f"{at(where, c.margin_field)}={margin!r} must be a finite number.")
       margins.append(float(margin))
     length = max(len(s) for s in chosen + rejected)
     ci, cm = pad_batch(chosen, pad_token_id=self.pad_token_id, length=length, side="right")

@@ -408,6 +408,7 @@ class SFTTrainer(RunStage):
 
   def _examples(self, data: Sequence[Any], name: str) -> list[SFTExample]:
     c = self.config
+    places = getattr(data, "places", None)  # records read from a file name its lines
     data = list(data)
     if data and all(isinstance(d, SFTExample) for d in data):
       return data
@@ -419,7 +420,8 @@ class SFTTrainer(RunStage):
             f"SFTConfig.eos_token_id={c.eos_token_id} differs from the tokenizer's EOS "
             f"({self.tokenizer.eos_token_id}); leave it None for text records."
         )
-      return encode_records(data, self.tokenizer, source=name, prompt_field=c.prompt_field,
+      return encode_records(data, self.tokenizer, source=name, places=places,
+                            prompt_field=c.prompt_field,
                             response_field=c.response_field, messages_field=c.messages_field,
                             add_eos=c.add_eos, assistant_turns=c.assistant_turns)
     out = []

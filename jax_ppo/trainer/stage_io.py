@@ -167,13 +167,25 @@ def _json_list(file: pathlib.Path, where: str) -> list[tuple[int, Any]]:
   return [(i, record) for i, record in enumerate(data)]
 
 
+class Records(list):
+  """A list of records that knows where each came from (`places[i]`, e.g. "'train.jsonl', line
+  3"), so that the trainers' errors about a record name its file and line, not its index."""
+
+  places: list[str]
+
+  def __init__(self, records: Sequence[dict[str, Any]], places: Sequence[str]):
+    super().__init__(records)
+    self.places = list(places)
+
+
 def read_records(
     path: str,
     *,
     field: str,
     required: Sequence[str | tuple[str, ...]],
-) -> list[dict[str, Any]]:
-  """The records (JSON objects) of a .jsonl or .json file, each checked for its fields.
+) -> Records:
+  """The records (JSON objects) of a .jsonl or .json file, each checked for its fields, as
+  `Records` (which name their file and line).
 
   Args:
     path: the file.
@@ -191,7 +203,7 @@ def read_records(
     rows = [(f"{where}, item {n}", r) for n, r in _json_list(file, where)]
   else:  # JSONL, Parquet or a datasets folder, read by jax_ppo.data
     rows = [(r.where, r.data) for r in iter_records(file, name=field)]
-  records = []
+  records, places = [], []
   for place, record in rows:
     if not isinstance(record, dict):
       raise ValueError(f"{place}: expected a JSON object, got {type(record).__name__}.")
@@ -205,14 +217,16 @@ def read_records(
             "(e.g. sft.prompt_field, reward.chosen_field)."
         )
     records.append(record)
+    places.append(place)
   if not records:
     raise ValueError(f"{where} holds no records; give at least one JSON object.")
-  return records
+  return Records(records, places)
 
 
 __all__ = [
     "DTYPE_NAMES",
     "RECORD_SUFFIXES",
+    "Records",
     "STAGE_OPERATIONAL_FIELDS",
     "StageRunConfig",
     "check_model_folder",
