@@ -158,3 +158,42 @@ def test_conversational_prompt_and_completion_train_the_completion_only(tok):
     encode_record({"prompt": CHAT[:1], "response": []}, tok, where="r")
   with pytest.raises(ValueError, match=r"the last turn of `response` has role 'user'"):
     encode_record({"prompt": CHAT[:1], "response": CHAT[1:3]}, tok, where="r")
+
+
+# Templates in the shape of two real families (ChatML): Qwen2.5's adds a default system turn;
+# Qwen3's renders the last assistant turn with an empty reasoning block. EOS is "<|im_end|>".
+CHATML_WORDS = ["<pad>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "system", "user",
+                "assistant", "hello", "world", "good", "helpful"]
+QWEN25 = ("{%- if messages[0].role != 'system' %}<|im_start|>system\nhelpful<|im_end|>\n"
+          "{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+          "<|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% endif %}")
+QWEN3 = ("{%- for m in messages %}{%- if m.role == 'assistant' and loop.last %}"
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n{{ m.content }}<|im_end|>\n{% else %}"
+         "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
+         "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template, last_turn", [
+    (QWEN25, ["good", "<|im_end|>"]),
+    (QWEN3, ["<think>", "</think>", "good", "<|im_end|>"]),
+], ids=["qwen2.5", "qwen3"])
+def test_chatml_templates_train_each_assistant_turn_to_its_end_marker(template, last_turn):
+  import transformers
+  from tokenizers import Tokenizer, models, pre_tokenizers
+
+  backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(CHATML_WORDS)},
+                                       unk_token="<pad>"))
+  backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  chatml = transformers.PreTrainedTokenizerFast(
+      tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>",
+      additional_special_tokens=["<|im_start|>"])
+  chatml.chat_template = template
+  ex = encode_record({"messages": CHAT}, chatml)
+  rows = pad_examples([ex], max_length=48)
+  trained = [CHATML_WORDS[t] for t in rows.targets[0][rows.loss_mask[0]]]
+  assert trained == ["good", "world", "<|im_end|>", *last_turn]  # EOS already ends the turn
+  full = chatml.apply_chat_template(CHAT, tokenize=False)
+  assert [CHATML_WORDS[t] for t in ex.prompt_ids + ex.response_ids] == [
+      w if w in CHATML_WORDS else "<pad>" for w in full.replace("<|im_start|>", " <|im_start|> ")
+      .replace("<|im_end|>", " <|im_end|> ").split()]
