@@ -5,7 +5,7 @@ Usage:
       model_path=models/Qwen3-0.6B sft.train_path=data/sft.jsonl \\
       reward.train_path=data/preferences.jsonl ppo.prompts_path=data/prompts.jsonl
 
-The YAML names one config per stage (a file or an inline mapping; `jax_ppo.trainer.pipeline`
+The YAML names one config per stage (a file or an inline mapping; `jax_ppo.runs.pipeline`
 says how they connect); `key=value` overrides start with the stage (`sft.sft.learning_rate=1e-5`,
 `ppo.ppo.total_updates=50`). Each stage trains in its own run folder and exports a Hugging Face
 folder that the next stage starts from; the same command run again resumes where it stopped.
@@ -20,7 +20,7 @@ import logging
 import sys
 
 from jax_ppo.checkpoint import CheckpointError
-from jax_ppo.trainer.pipeline import load_pipeline, run_pipeline
+from jax_ppo.runs.pipeline import load_pipeline, run_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:

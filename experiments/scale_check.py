@@ -2,7 +2,7 @@
 
 A diagnostic to run on your own machine or cluster node before a sharded or multi-host run: one
 fused PPO update of a tiny random Llama-shaped policy with a value head (fixed synthetic rollout,
-scores and keys; `jax_ppo.parallel.selfcheck`) on
+scores and keys; `jax_ppo.diagnostics.scale_check`) on
 
   (a) 1 device,
   (b) 8 fake CPU devices in one process, mesh data=2, fsdp=2, tensor=2 (parameters and optimizer
@@ -55,19 +55,20 @@ def main(argv=None) -> int:
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
   os.environ["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=8"])
-  from jax_ppo.parallel import make_mesh, selfcheck  # after XLA_FLAGS: 8 fake devices
+  from jax_ppo.diagnostics import scale_check  # after XLA_FLAGS: 8 fake devices
+  from jax_ppo.parallel import make_mesh
 
   size = {"batch_size": args.batch_size, "hidden_size": args.hidden_size,
           "num_layers": args.num_layers, "max_new_tokens": args.max_new_tokens,
           "ppo_epochs": args.ppo_epochs}
-  tiny = selfcheck.tiny_update(**size)
+  tiny = scale_check.tiny_update(**size)
   results = {
-      "1dev": selfcheck.run_update(tiny),
-      "8dev": selfcheck.run_update(tiny, mesh=make_mesh(selfcheck.parse_mesh(args.mesh))),
-      "2proc": selfcheck.run_processes(args.processes, args.devices_per_process,
+      "1dev": scale_check.run_update(tiny),
+      "8dev": scale_check.run_update(tiny, mesh=make_mesh(scale_check.parse_mesh(args.mesh))),
+      "2proc": scale_check.run_processes(args.processes, args.devices_per_process,
                                        timeout=args.timeout, size=size, mesh=args.mesh),
   }
-  diffs = {k: selfcheck.max_param_diff(results["1dev"], r) for k, r in results.items()}
+  diffs = {k: scale_check.max_param_diff(results["1dev"], r) for k, r in results.items()}
   report = {
       "max_param_diff_8dev": diffs["8dev"],
       "max_param_diff_2proc": diffs["2proc"],

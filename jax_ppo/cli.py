@@ -1,13 +1,13 @@
-"""`jax-ppo`: the command line over `jax_ppo.trainer.run`.
+"""`jax-ppo`: the command line over `jax_ppo.runs.ppo`.
 
     jax-ppo train CONFIG [key=value ...]      # train, or resume the run in run_dir
     jax-ppo eval --run-dir DIR --prompts FILE [--greedy | --temperature T [--n N]] [--out FILE]
     jax-ppo export --run-dir DIR --out PATH
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
-    jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.trainer.sft_run)
-    jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.trainer.reward_run)
+    jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
+    jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
 
-`CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.trainer.run`); `key=value` arguments override its
+`CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
 fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
 command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a preemption)
 saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
@@ -97,13 +97,13 @@ def _run_stage(command: str, argv: Sequence[str]) -> int:
   from jax_ppo.parallel.distributed import initialize
 
   if command == "sft":
-    from jax_ppo.trainer.sft_run import load_sft_config, run_sft
+    from jax_ppo.runs.sft import load_sft_config, run_sft
 
     config = load_sft_config(argv)
     initialize(config.distributed)  # before any JAX computation
     summary = run_sft(config)
   else:
-    from jax_ppo.trainer.reward_run import load_reward_config, run_reward
+    from jax_ppo.runs.reward import load_reward_config, run_reward
 
     config = load_reward_config(argv)
     initialize(config.distributed)
@@ -136,8 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   from safetensors import SafetensorError
 
   from jax_ppo.checkpoint import CheckpointError
-  from jax_ppo.trainer import run
-  from jax_ppo.trainer.trainer import RunCollapsed
+  from jax_ppo.runs import common
+  from jax_ppo.runs import ppo as run
+  from jax_ppo.runs import ppo_config as run_config
+  from jax_ppo.training.loop import RunCollapsed
 
   try:
     if args.command in ("sft", "reward"):
@@ -145,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
       from jax_ppo.parallel.distributed import initialize
 
-      config = run.load_run_config(args.args)
+      config = run_config.load_run_config(args.args)
       initialize(config.distributed)  # joins a multi-host job before any JAX computation
       history = run.run_training(config)
       summary = {"run_dir": config.run_dir, "updates_run": len(history)}
@@ -183,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       from jax_ppo.parallel.distributed import initialize
 
       initialize()  # as eval: every process of a multi-host job gathers, process 0 writes
-      dtype = run.DTYPES[args.dtype] if args.dtype else None
+      dtype = common.DTYPES[args.dtype] if args.dtype else None
       path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype)
       print(json.dumps({"step": step, "out": str(path)}))
   except (ValueError, OSError, CheckpointError, SafetensorError) as e:

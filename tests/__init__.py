@@ -2,5 +2,5 @@
 
 Some dependencies' wheels (draccus 0.11.6) install a top-level `tests` package into
 site-packages; without this file the repository's `tests` would be a namespace package, which a
-regular package later on `sys.path` shadows (`from tests.trainer.conftest import ...` failed).
+regular package later on `sys.path` shadows (`from tests.ppo.conftest import ...` failed).
 """

@@ -1,5 +1,5 @@
 """Bad inputs, each one clear error (issue 13 item 6): prompts files, configs, model folders and
-run folders, as a new user would get them wrong, through `jax_ppo.trainer.run` and the `jax-ppo`
+run folders, as a new user would get them wrong, through `jax_ppo.runs.ppo` and the `jax-ppo`
 command line (one line `jax-ppo CMD: error: ...` on stderr, exit status 2, no traceback, nothing
 written). Also the policy and the reward model with different tokenizers, end to end: the reward
 model must score its own tokenizer's ids of the decoded text.
@@ -23,7 +23,9 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import load_tokenizer  # noqa: E402
-from jax_ppo.trainer import PPOConfig, run  # noqa: E402
+from jax_ppo.ppo import PPOConfig  # noqa: E402
+from jax_ppo.runs import ppo as run  # noqa: E402
+from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
 WORDS = ("the a movie film plot actor story was is very really not quite good great fun bad "
          "dull boring long short and but I liked hated it").split()
@@ -283,7 +285,7 @@ def test_missing_and_truncated_safetensors(files, tmp_path, capsys):
 def test_run_folder_without_a_checkpoint(files, tmp_path, capsys):
   from jax_ppo.config_io import save_config
 
-  config = run.load_run_config([str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}"])
+  config = run_config.load_run_config([str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}"])
   (tmp_path / "run").mkdir()
   save_config(config, tmp_path / "run")
   assert main(["export", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 2
@@ -304,7 +306,7 @@ def test_reward_model_with_its_own_tokenizer_scores_its_own_ids(files, tmp_path)
   """End to end through `run_training`: every logged reward equals the Hugging Face reward model
   on the reward tokenizer's ids of the decoded prompt + response (docs/rlhf_details.md item 21)."""
   run_dir = tmp_path / "run"
-  config = run.load_run_config([
+  config = run_config.load_run_config([
       str(files / "run.yaml"), f"run_dir={run_dir}", "reward_function=null",
       f"reward_model_path={files / 'reward'}", "updates_per_run=1",
   ])
@@ -365,7 +367,7 @@ def test_a_nan_reward_stops_the_run_naming_the_row_and_prompt(files, tmp_path, c
 
 
 def test_an_exception_in_the_reward_function_keeps_its_traceback(files, tmp_path, user_rewards):
-  from jax_ppo.trainer.rewards import RewardFunctionError
+  from jax_ppo.rewards.scorers import RewardFunctionError
 
   with pytest.raises(RewardFunctionError, match=r"raised TypeError: unsupported operand type.* "
                                                 r"at row \d \(prompt 'the actor is'\)") as info:
@@ -381,4 +383,4 @@ def test_a_module_reward_trains_end_to_end(files, tmp_path, capsys, user_rewards
                f"reward_function={user_rewards}:words"]) == 0
   samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
   assert [s["reward"] for s in samples] == [float(len(s["response"].split())) for s in samples]
-  assert run.saved_run_config(run_dir).reward_function == f"{user_rewards}:words"
+  assert run_config.saved_run_config(run_dir).reward_function == f"{user_rewards}:words"

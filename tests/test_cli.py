@@ -19,7 +19,9 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import from_pretrained  # noqa: E402
-from jax_ppo.trainer import run  # noqa: E402
+from jax_ppo.rewards import specs  # noqa: E402
+from jax_ppo.runs import ppo as run  # noqa: E402
+from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
 WORDS = ("the a movie film plot actor story was is very really not quite good great fun bad "
          "dull boring long short and but I liked hated it").split()
@@ -93,7 +95,7 @@ def test_train_resume_eval_export(files, capsys):
   assert summary["run_dir"] == str(run_dir)
   assert summary["updates_run"] == 2 and summary["step"] == 2
   assert [r["step"] for r in _jsonl(run_dir / "metrics.jsonl")] == [1, 2]
-  saved = run.saved_run_config(run_dir)
+  saved = run_config.saved_run_config(run_dir)
   assert saved.ppo.batch_size == 4 and saved.updates_per_run == 2
 
   # The same command again continues the run.
@@ -138,7 +140,7 @@ def test_train_resume_eval_export(files, capsys):
   assert main(["export", "--run-dir", str(run_dir), "--out", str(hf_dir)]) == 0
   assert _last_json(capsys.readouterr().out) == {"step": 4, "out": str(hf_dir)}
   exported = from_pretrained(str(hf_dir))
-  trainer = run.build_trainer(run.saved_run_config(run_dir), open_run=False)
+  trainer = run.build_trainer(run_config.saved_run_config(run_dir), open_run=False)
   assert trainer.load_checkpoint(run_dir) == 4
   ids = np.asarray([[0, 0, 5, 9], [7, 8, 11, 3]])
   mask = (ids != 0).astype(np.int32)
@@ -203,7 +205,7 @@ def test_eval_and_export_errors(files, capsys, tmp_path):
 
 
 def test_presets_apply_below_the_file_and_the_overrides(files):
-  cfg = run.load_run_config([str(files / "run.yaml"), "preset=creative", "ppo.clip_eps=0.3"])
+  cfg = run_config.load_run_config([str(files / "run.yaml"), "preset=creative", "ppo.clip_eps=0.3"])
   assert cfg.ppo.entropy_coef == 0.05  # from the preset
   assert cfg.ppo.batch_size == 4  # the file beats the preset (creative: 128)
   assert cfg.ppo.clip_eps == 0.3  # the command line beats both
@@ -239,9 +241,9 @@ def test_prompt_files_and_builtin_rewards(files, tmp_path):
   rollout = SimpleNamespace(prompt_ids=np.ones((2, 2), np.int32),
                             prompt_mask=np.ones((2, 2), np.int32), response_ids=response,
                             response_mask=np.array([[1, 1, 1, 0], [1, 0, 0, 0]], bool))
-  assert run.reward_function("count:good", tok)(rollout).tolist() == [2.0, 0.0]
-  assert run.reward_function(f"count:{good}", tok)(rollout).tolist() == [2.0, 0.0]
-  assert run.reward_function("length", tok)(rollout).tolist() == [3.0, 1.0]
+  assert specs.reward_function("count:good", tok)(rollout).tolist() == [2.0, 0.0]
+  assert specs.reward_function(f"count:{good}", tok)(rollout).tolist() == [2.0, 0.0]
+  assert specs.reward_function("length", tok)(rollout).tolist() == [3.0, 1.0]
 
 
 def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monkeypatch, capsys):
@@ -253,8 +255,8 @@ def test_library_errors_are_one_line_and_other_errors_keep_their_traceback(monke
     def run_training(config):
       raise error
     monkeypatch.setattr(run, "run_training", run_training)
-    monkeypatch.setattr(run, "load_run_config", lambda argv: SimpleNamespace(run_dir="r",
-                                                                             distributed=None))
+    monkeypatch.setattr(run_config, "load_run_config",
+                        lambda argv: SimpleNamespace(run_dir="r", distributed=None))
 
   for error, line in [
       (ValueError("first\n  second"), "error: first second"),

@@ -1,5 +1,5 @@
-"""`jax-ppo sft` and `jax-ppo reward` (jax_ppo.trainer.sft_run / reward_run) and the pipeline
-loader (jax_ppo.trainer.pipeline), on tiny random Hugging Face checkpoints built locally.
+"""`jax-ppo sft` and `jax-ppo reward` (jax_ppo.runs.sft / reward_run) and the pipeline
+loader (jax_ppo.runs.pipeline), on tiny random Hugging Face checkpoints built locally.
 
 Stage runs resume (`steps_per_run`), refuse a changed configuration, export Hugging Face folders
 that transformers reads, and the reward stage's normalisation gives SFT-policy samples mean 0 and
@@ -20,14 +20,14 @@ pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import load_scalar_model  # noqa: E402
-from jax_ppo.trainer.pipeline import load_pipeline  # noqa: E402
-from jax_ppo.trainer.reward_run import (  # noqa: E402
+from jax_ppo.runs.pipeline import load_pipeline  # noqa: E402
+from jax_ppo.runs.reward import (  # noqa: E402
     _prompts,
     build_reward_trainer,
     load_reward_config,
     policy_samples,
 )
-from jax_ppo.trainer.sft_run import build_sft_trainer, load_sft_config  # noqa: E402
+from jax_ppo.runs.sft import build_sft_trainer, load_sft_config  # noqa: E402
 from tests.tiny_hf_run import make_checkpoint, write_data  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
@@ -332,7 +332,7 @@ def test_stage_records_from_parquet_and_datasets_folders(tmp_path):
   import pyarrow as pa
   import pyarrow.parquet as pq
 
-  from jax_ppo.trainer.stage_io import read_records
+  from jax_ppo.runs.common import read_records
 
   rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d"}]
   (tmp_path / "r.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -16,8 +16,8 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache as cc
 
 from jax_ppo import compile_cache
-from jax_ppo.trainer.run import RunConfig
-from jax_ppo.trainer.sft_run import SFTRunConfig
+from jax_ppo.runs.ppo_config import RunConfig
+from jax_ppo.runs.sft import SFTRunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 KEYS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
@@ -92,8 +92,8 @@ def test_bad_settings_name_the_field(value, tmp_path):
 
 
 def test_the_field_may_change_when_a_run_resumes():
-  from jax_ppo.trainer.run_config import OPERATIONAL_FIELDS
-  from jax_ppo.trainer.stage_io import STAGE_OPERATIONAL_FIELDS
+  from jax_ppo.runs.common import STAGE_OPERATIONAL_FIELDS
+  from jax_ppo.runs.ppo_config import OPERATIONAL_FIELDS
 
   assert "compilation_cache_dir" in OPERATIONAL_FIELDS
   assert "compilation_cache_dir" in STAGE_OPERATIONAL_FIELDS

@@ -167,7 +167,7 @@ def test_round_trip_of_a_library_config(tmp_path):
 
 
 def test_round_trip_of_the_trainer_config(tmp_path):
-  from jax_ppo.trainer.config import PPOConfig
+  from jax_ppo.ppo.config import PPOConfig
 
   overrides = ["learning_rate=1e-6", "stop_token_ids=[50256]", "target_kl=null", "lam=1"]
   config = load_config(PPOConfig, None, overrides)
@@ -388,15 +388,15 @@ def test_syntax_errors_give_file_line_and_column_in_one_line(tmp_path, name, con
 def _stage_configs() -> list:
   """One non-default instance of every config a stage saves into its run folder."""
   from jax_ppo.models import LoRAConfig
+  from jax_ppo.ppo.config import PPOConfig
   from jax_ppo.quickstart.config import smoke
-  from jax_ppo.trainer.config import PPOConfig
-  from jax_ppo.trainer.monitor import MonitorConfig
-  from jax_ppo.trainer.reward_model import RewardModelConfig
-  from jax_ppo.trainer.reward_run import RewardRunConfig
-  from jax_ppo.trainer.reward_specs import RewardSource
-  from jax_ppo.trainer.run_config import RunConfig
-  from jax_ppo.trainer.sft import SFTConfig
-  from jax_ppo.trainer.sft_run import SFTRunConfig
+  from jax_ppo.reward_model.trainer import RewardModelConfig
+  from jax_ppo.rewards.specs import RewardSource
+  from jax_ppo.runs.ppo_config import RunConfig
+  from jax_ppo.runs.reward import RewardRunConfig
+  from jax_ppo.runs.sft import SFTRunConfig
+  from jax_ppo.sft.trainer import SFTConfig
+  from jax_ppo.training.monitor import MonitorConfig
 
   return [
       RunConfig(
@@ -420,7 +420,7 @@ def _stage_configs() -> list:
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_every_stage_config_round_trips_through_its_run_folder_file(tmp_path, suffix):
-  from jax_ppo.trainer.run_config import RunConfig, load_run_config, saved_run_config
+  from jax_ppo.runs.ppo_config import RunConfig, load_run_config, saved_run_config
 
   for config in _stage_configs():
     path = save_config(config, tmp_path / f"{type(config).__name__}{suffix}")
@@ -462,7 +462,7 @@ def test_every_stage_config_round_trips_through_its_run_folder_file(tmp_path, su
     ],
 )
 def test_stage_config_errors_are_one_line_naming_the_key(tmp_path, text, overrides, pattern):
-  from jax_ppo.trainer.run_config import RunConfig
+  from jax_ppo.runs.ppo_config import RunConfig
 
   path = tmp_path / "run.yaml"
   path.write_text("policy_path: p\nprompts_path: q.txt\nrun_dir: r\n" + text)
@@ -486,7 +486,7 @@ def test_with_defaults_fills_in_what_an_older_version_did_not_save():
 
 def test_a_missing_saved_field_at_todays_default_is_unchanged():
   from jax_ppo.checkpoint import CheckpointConfigMismatch, check_config
-  from jax_ppo.trainer.run_config import RunConfig
+  from jax_ppo.runs.ppo_config import RunConfig
 
   config = _stage_configs()[0]
   saved = config_to_dict(config)

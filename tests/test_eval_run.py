@@ -17,8 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jax_ppo.cli import main
-from jax_ppo.trainer import run
-from jax_ppo.trainer.eval_metrics import best_of_n, distinct_n, repetition_rate
+from jax_ppo.ppo.eval_metrics import best_of_n, distinct_n, repetition_rate
+from jax_ppo.runs import ppo as run
+from jax_ppo.runs import ppo_config as run_config
 from tests.test_bad_inputs import PROMPTS, files  # noqa: F401 - fixture
 
 # ---- the metrics, by hand ------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def trained(files, tmp_path_factory):  # noqa: F811
   saved = sys.modules.get("wandb")
   sys.modules["wandb"] = fake
   try:
-    history = run.run_training(run.load_run_config([
+    history = run.run_training(run_config.load_run_config([
         str(files / "run.yaml"), f"run_dir={run_dir}", "updates_per_run=1", "wandb=true",
         "wandb_init={project: test-project}",
     ]))
@@ -113,7 +114,7 @@ def trained(files, tmp_path_factory):  # noqa: F811
 @pytest.mark.slow  # shares one training run (~1 min with its compilation)
 def test_the_guide_advice_is_logged_at_the_start_of_a_run(trained):
   _, _, _, messages = trained
-  advice = run.check_against_guide(run.saved_run_config(trained[0]).ppo)
+  advice = run.check_against_guide(run_config.saved_run_config(trained[0]).ppo)
   assert advice and any("learning_rate=0.001 is above the recommended" in a for a in advice)
   for line in advice:
     assert f"Hyperparameter guide: {line}" in messages

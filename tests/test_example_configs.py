@@ -17,10 +17,10 @@ pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main as cli_main  # noqa: E402
 from jax_ppo.models import from_pretrained, load_scalar_model  # noqa: E402
-from jax_ppo.trainer.pipeline import load_pipeline  # noqa: E402
-from jax_ppo.trainer.reward_run import load_reward_config  # noqa: E402
-from jax_ppo.trainer.run import load_run_config  # noqa: E402
-from jax_ppo.trainer.sft_run import load_sft_config  # noqa: E402
+from jax_ppo.runs.pipeline import load_pipeline  # noqa: E402
+from jax_ppo.runs.ppo_config import load_run_config  # noqa: E402
+from jax_ppo.runs.reward import load_reward_config  # noqa: E402
+from jax_ppo.runs.sft import load_sft_config  # noqa: E402
 from tests.tiny_hf_run import make_checkpoint, make_reward_checkpoint, write_data  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")

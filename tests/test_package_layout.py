@@ -8,5 +8,5 @@ def test_tests_package_is_this_folder():
   here = pathlib.Path(__file__).resolve().parent
   tests = importlib.import_module("tests")
   assert pathlib.Path(tests.__file__).resolve().parent == here
-  conftest = importlib.import_module("tests.trainer.conftest")
-  assert pathlib.Path(conftest.__file__).resolve().parent == here / "trainer"
+  conftest = importlib.import_module("tests.ppo.conftest")
+  assert pathlib.Path(conftest.__file__).resolve().parent == here / "ppo"

@@ -6,7 +6,7 @@
    says `trust_remote_code=False`; nothing runs a command or evaluates text (no `subprocess`,
    `os.system`/`popen`/`exec*`/`spawn*`, `shell=True`, `eval`, `exec`, `compile`, `__import__`);
    the one `importlib.import_module` is the reward-function loader, and the one `subprocess` is
-   `parallel.selfcheck.run_processes`, which starts copies of its own module. The scanner is
+   `diagnostics.scale_check.run_processes`, which starts copies of its own module. The scanner is
    itself tested on snippets, so a violation cannot slip through a scanner that sees nothing.
 2. `package.module:function` rewards import only the module the user named: nothing in the spec
    is evaluated, no other module is imported, standard-library and jax_ppo modules (`os:system`,
@@ -27,8 +27,9 @@ import numpy as np
 import pytest
 
 import jax_ppo
-from jax_ppo.trainer import run
-from jax_ppo.trainer.rewards import FunctionScorer
+from jax_ppo.rewards import specs
+from jax_ppo.rewards.scorers import FunctionScorer
+from jax_ppo.runs import ppo_config as run_config
 
 PACKAGE = pathlib.Path(jax_ppo.__file__).parent
 
@@ -39,11 +40,12 @@ FORBIDDEN_OS = {"system", "popen", "startfile", "execl", "execle", "execlp", "ex
                 "execve", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp", "spawnlpe",
                 "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp"}
 UNSAFE_YAML = {"load", "load_all", "unsafe_load", "unsafe_load_all", "full_load", "full_load_all"}
-IMPORT_MODULE_ALLOWED = {("trainer/reward_specs.py", "import_reward_function")}
+IMPORT_MODULE_ALLOWED = {("rewards/specs.py", "import_reward_function")}
 """The only (file, function) allowed to call importlib.import_module."""
-SUBPROCESS_ALLOWED = {("parallel/selfcheck.py", "run_processes")}
+SUBPROCESS_ALLOWED = {("diagnostics/scale_check.py", "run_processes")}
 """The only (file, function) allowed to import subprocess: it starts copies of its own module
-(`python -m jax_ppo.parallel.selfcheck`, fixed arguments, no shell) for the multi-process check."""
+(`python -m jax_ppo.diagnostics.scale_check`, fixed arguments, no shell) for the multi-process
+check."""
 
 
 def _dotted(node: ast.AST) -> str:
@@ -143,7 +145,7 @@ def violations(source: str, filename: str = "<snippet>") -> list[str]:
 
 def _package_files() -> list[pathlib.Path]:
   files = sorted(PACKAGE.rglob("*.py"))
-  assert len(files) > 20 and PACKAGE / "trainer" / "run.py" in files
+  assert len(files) > 20 and PACKAGE / "runs" / "ppo.py" in files
   return files
 
 
@@ -163,7 +165,7 @@ def test_the_reward_loader_is_the_only_import_module_and_auto_loaders_refuse_rem
         name = _dotted(node.func)
         if name == "importlib.import_module" or name.endswith(".from_pretrained"):
           calls.setdefault(name, set()).add(rel)
-  assert calls["importlib.import_module"] == {"trainer/reward_specs.py"}
+  assert calls["importlib.import_module"] == {"rewards/specs.py"}
   # The scan above saw the Hugging Face loaders (and passed them: trust_remote_code=False).
   assert any(name.endswith("AutoTokenizer.from_pretrained") for name in calls)
   assert any(name.endswith("AutoConfig.from_pretrained") for name in calls)
@@ -225,11 +227,11 @@ def test_the_scanner_passes_safe_code():
   """)
   assert violations(safe) == []
   launcher = "def run_processes():\n  import subprocess\n  return subprocess"
-  assert violations(launcher, "parallel/selfcheck.py") == []
+  assert violations(launcher, "diagnostics/scale_check.py") == []
   assert violations(launcher, "parallel/other.py") != []
-  assert violations("import subprocess", "parallel/selfcheck.py") != []
+  assert violations("import subprocess", "diagnostics/scale_check.py") != []
   allowed = "import importlib\ndef import_reward_function(s):\n  return importlib.import_module(s)"
-  assert violations(allowed, "trainer/reward_specs.py") == []
+  assert violations(allowed, "rewards/specs.py") == []
   assert violations(allowed, "trainer/other.py") != []
 
 
@@ -267,11 +269,11 @@ def reward_module(tmp_path, monkeypatch):
 def test_a_module_function_reward_imports_only_the_named_module(reward_module):
   name, marker = reward_module
   before = set(sys.modules)
-  fn = run.import_reward_function(f"{name}:score")
+  fn = specs.import_reward_function(f"{name}:score")
   assert set(sys.modules) - before == {name}
   assert not marker.exists()  # the sibling module was not imported
   assert fn(["a"], ["good fun movie"]) == [3.0]
-  assert callable(run.import_reward_function(f"{name}:instance"))  # a callable object is fine
+  assert callable(specs.import_reward_function(f"{name}:instance"))  # a callable object is fine
 
   class Tok:
     def decode(self, ids):
@@ -282,14 +284,14 @@ def test_a_module_function_reward_imports_only_the_named_module(reward_module):
       prompt_ids=np.array([[0, 3], [4, 5]]), prompt_mask=np.array([[0, 1], [1, 1]]),
       response_ids=np.array([[6, 7, 0], [8, 0, 0]]),
       response_mask=np.array([[1, 1, 0], [1, 0, 0]], bool))
-  scorer = run.reward_function(f"{name}:score", Tok())
+  scorer = specs.reward_function(f"{name}:score", Tok())
   assert isinstance(scorer, FunctionScorer) and scorer.name == f"{name}:score"
   assert np.asarray(scorer(rollout)).tolist() == [2.0, 1.0]
 
 
 def test_a_run_config_naming_a_module_does_not_import_it(reward_module, tmp_path):
   name, marker = reward_module
-  config = run.RunConfig(policy_path="p", prompts_path="x.txt", run_dir=str(tmp_path / "r"),
+  config = run_config.RunConfig(policy_path="p", prompts_path="x.txt", run_dir=str(tmp_path / "r"),
                          reward_function=f"{name}_sibling:score")
   assert config.reward_function == f"{name}_sibling:score"
   assert not marker.exists() and f"{name}_sibling" not in sys.modules
@@ -314,7 +316,7 @@ def test_module_reward_errors(reward_module, spec, message):
   name, _ = reward_module
   with pytest.raises(ValueError, match=r"RunConfig.reward_function=.* is invalid: "
                                        + message.format(name=name)):
-    run.import_reward_function(spec.format(name=name))
+    specs.import_reward_function(spec.format(name=name))
 
 
 @pytest.mark.parametrize(
@@ -332,7 +334,7 @@ def test_standard_library_and_jax_ppo_functions_are_refused(monkeypatch, spec, m
   calls = []
   monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
   with pytest.raises(ValueError, match=message):
-    run.reward_function(spec)
+    specs.reward_function(spec)
   assert calls == []
 
 
@@ -357,8 +359,8 @@ def test_specs_are_never_evaluated(tmp_path, spec):
   spec = spec.format(marker=marker)
   before = set(sys.modules)
   with pytest.raises(ValueError, match=r"RunConfig.reward_function=.* is invalid"):
-    run.RunConfig(policy_path="p", prompts_path="x.txt", run_dir="r", reward_function=spec)
+    run_config.RunConfig(policy_path="p", prompts_path="x.txt", run_dir="r", reward_function=spec)
   with pytest.raises(ValueError, match=r"RunConfig.reward_function=.* is invalid"):
-    run.reward_function(spec)
+    specs.reward_function(spec)
   assert not marker.exists()
   assert set(sys.modules) == before

@@ -114,8 +114,8 @@ def build_models_elsewhere(shape_name: str, folder: str, python: str) -> dict[st
 def run_jax(args, shape: dict) -> dict:
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
-  from jax_ppo.trainer import PPOConfig, PPOTrainer
-  from jax_ppo.trainer.perf import measure_matmul_peak
+  from jax_ppo.ppo import PPOConfig, PPOTrainer
+  from jax_ppo.ppo.perf import measure_matmul_peak
 
   with tempfile.TemporaryDirectory() as tmp:
     paths = build_models_elsewhere(args.shape, tmp, args.model_python or sys.executable)

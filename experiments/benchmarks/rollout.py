@@ -111,9 +111,9 @@ def main(argv=None) -> dict:
   import transformers
 
   import jax_ppo.models as models
+  from jax_ppo.ppo.perf import count_params
   from jax_ppo.rollout.config import SamplingConfig
   from jax_ppo.rollout.sampler import Sampler, param_bytes
-  from jax_ppo.trainer.perf import count_params
 
   shape = SHAPES[args.shape]
   rng = np.random.default_rng(1)

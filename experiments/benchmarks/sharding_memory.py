@@ -1,6 +1,6 @@
 """Per-device memory of one PPO update of Qwen3-0.6B and Llama-3.2-1B shapes: FSDP vs replicated.
 
-No weights are needed: `jax_ppo.parallel.memory.update_memory` compiles `PPOSteps.update` for
+No weights are needed: `jax_ppo.diagnostics.memory.update_memory` compiles `PPOSteps.update` for
 abstract arrays carrying their shardings and reads the compiled program's memory analysis
 (parameters and optimizer state per device from its input shardings; "temp" is
 `temp_size_in_bytes`, XLA's scratch while the update runs: activations, gradients and the
@@ -65,9 +65,9 @@ def main(argv=None) -> int:
                                f"device_count={args.devices}").strip()
   import jax
 
+  from jax_ppo.diagnostics.memory import update_memory
   from jax_ppo.parallel import MeshConfig, make_mesh
-  from jax_ppo.parallel.memory import update_memory
-  from jax_ppo.trainer import PPOConfig
+  from jax_ppo.ppo import PPOConfig
 
   devices = jax.devices()[: args.devices]
   if len(devices) < args.devices:

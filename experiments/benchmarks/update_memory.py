@@ -48,10 +48,11 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
 
   from jax_ppo.models.config import ModelConfig
   from jax_ppo.models.transformer import CausalLM
+  from jax_ppo.ppo.config import PPOConfig
+  from jax_ppo.ppo.state import FrozenParams, init_train_state
+  from jax_ppo.ppo.steps import PPOSteps
   from jax_ppo.rollout.sampler import Rollout
-  from jax_ppo.trainer.config import PPOConfig
-  from jax_ppo.trainer.state import FrozenParams
-  from jax_ppo.trainer.step import PPOSteps, init_train_state, make_optimizer
+  from jax_ppo.training.optim import make_optimizer
 
   b, s, t = shape["batch"], shape["prompt"], shape["response"]
   config = PPOConfig(

@@ -11,12 +11,12 @@ trainers consume, with the trainers' default field names:
   chat template with the generation prompt);
 * SFT pairs (`read_sft_records`, `read_sft_examples`): `{"prompt": str, "response": str}`, the
   same with two chats (TRL's conversational prompt-completion) or `{"messages": [...]}` ending
-  with the assistant's turn: records for `jax_ppo.trainer.SFTTrainer`, or `SFTExample`s
+  with the assistant's turn: records for `jax_ppo.sft.SFTTrainer`, or `SFTExample`s
   tokenized by `jax_ppo.data.sft.encode_record`;
 * preference triples (`read_preference_records`): `{"prompt": str | messages, "chosen": str,
   "rejected": str, "margin": float}` (margin optional, 0 when absent or null), or conversational
   ones with `messages` responses, with or without the prompt (`jax_ppo.data.preferences`), for
-  `jax_ppo.trainer.RewardModelTrainer`.
+  `jax_ppo.reward_model.RewardModelTrainer`.
 
 Field names are configurable (`prompt_field="question"` reads the file's `question` column and
 returns it as `prompt`). Every malformed record is one `ValueError` naming the file, the line or

@@ -155,7 +155,7 @@ def _check_prompt(i: int, p: Any) -> None:
   """One ValueError naming prompt `i` unless `p` is a non-empty sequence of token ids >= 0."""
   if isinstance(p, str | bytes):
     raise ValueError(f"Prompt {i} of the dataset is text ({p[:40]!r}); pass token ids "
-                     "(tokenize it, e.g. with jax_ppo.trainer.run.load_prompts).")
+                     "(tokenize it, e.g. with jax_ppo.runs.ppo.load_prompts).")
   if len(p) == 0:
     raise ValueError(f"Prompt {i} of the dataset is empty; every prompt needs a token.")
   if isinstance(p, np.ndarray):

@@ -10,16 +10,14 @@ Public API (everything a run needs; see each module for details):
 * `batch_shardings(tree, mesh)` / `shard_batch(tree, mesh)`: rows split over `data` x `fsdp`;
   `cache_shardings(cache, mesh)` for the KV cache;
 * `MeshJit(fn, mesh, in_roles=..., out_roles=...)`: the jit with explicit in/out shardings that
-  `PPOSteps(..., mesh=mesh)` and `Sampler(..., mesh=mesh)` use; it traces under
+  the PPO, SFT and reward-model steps and `Sampler(..., mesh=mesh)` use; it traces under
   `rules.gather_layers(mesh)`, under which the decoder's layer loop gathers each layer's
   FSDP-split weights (and does not keep them for the backward pass) and keeps activations split
   on rows (`rules.gather_layer_weights`, `rules.remat_gathered`, `rules.constrain_activations`;
   all identities without a mesh);
-* `memory.update_memory(model_config, ppo_config, mesh, prompt_length=...)`: per-device bytes
-  of one compiled update from abstract arrays (`experiments/benchmarks/sharding_memory.py`).
 * `DistributedConfig` and `distributed.initialize(config)`: multi-host runs through
-  `jax.distributed` (`jax_ppo.parallel.distributed`); `selfcheck`: the same tiny PPO update on
-  one device, a mesh and several processes (`experiments/scale_check.py`).
+  `jax.distributed` (`jax_ppo.parallel.distributed`); `host_rows`: each process's own rows of
+  a global batch.
 
 * `PlacementConfig`, `RoleMesh`, `make_placement` and `Placement`: the reference, the reward
   model and a separate critic on sub-meshes of their own, or sharing the policy's
@@ -31,6 +29,9 @@ policy's reference is its own base weights: one copy), and `from_pretrained(path
 reads each tensor straight into its shards. Global statistics (masked means, whitening, group
 advantages, the KL controller's KL) are computed over the whole batch by XLA's SPMD partitioner:
 they equal the single-device values (`tests/parallel`).
+
+This package imports nothing of jax_ppo above it: the per-device memory plan of a PPO update and
+the scale check that runs one on several processes are in `jax_ppo.diagnostics`.
 """
 
 from jax_ppo.parallel.distributed import DistributedConfig

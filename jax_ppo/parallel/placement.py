@@ -9,7 +9,7 @@ use, with its own `MeshConfig` over those devices. Split roles may name the same
 mesh sizes): they then share that sub-mesh.
 
 With a split role, its computation is its own compiled program on its sub-mesh
-(`jax_ppo.trainer.roles`, `jax_ppo.trainer.critic`): the reference log-probs `[B, T]`, the
+(`jax_ppo.ppo.placed_steps`, `jax_ppo.ppo.placed_critic`): the reference log-probs `[B, T]`, the
 reward-model scores `[B]`, the critic's values `[B, T]` and the critic's update. Inputs and
 results cross between meshes only through `transfer`, an explicit `jax.device_put` to the
 target mesh's `NamedSharding` (rows split over `data` x `fsdp`, parameters by the logical-axis
@@ -102,7 +102,7 @@ class PlacementConfig:
       mesh (its log-probs are computed inside the experience program, as without placement).
     reward: the reward model's (or reward models') own devices and mesh; None: shared.
     critic: a separate critic's own devices and mesh (its parameters and optimizer state live
-      there; its values and its update are programs of their own, `jax_ppo.trainer.critic`);
+      there; its values and its update are programs of their own, `jax_ppo.ppo.placed_critic`);
       None: shared (trained with the policy in one program, as without placement). Only for a
       critic that is a model of its own, not a value head on the policy trunk.
 

@@ -2,8 +2,8 @@
 
 A policy learns to write short English product reviews of more positive sentiment:
 
-1. `data`: a synthetic review corpus (`jax_ppo.data.reviews`) and a byte-level BPE tokenizer
-   trained on it (`jax_ppo.data.tokenizer_training`);
+1. `data`: a synthetic review corpus (`jax_ppo.quickstart.reviews`) and a byte-level BPE tokenizer
+   trained on it (`jax_ppo.quickstart.tokenizer_training`);
 2. `sft`: a tiny Llama-style model, randomly initialised, trained by SFT on the reviews;
 3. `pairs`: two SFT-policy samples per review opening, labelled by the gold scorer plus
    Bradley-Terry noise;

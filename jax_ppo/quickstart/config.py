@@ -19,7 +19,7 @@ class QuickstartConfig:
 
   # --- data: synthetic reviews and the BPE tokenizer ---
   corpus_size: int = 4000
-  """Synthetic reviews generated (`jax_ppo.data.reviews.make_corpus`)."""
+  """Synthetic reviews generated (`jax_ppo.quickstart.reviews.make_corpus`)."""
   eval_fraction: float = 0.1
   """Share of the corpus (and of the preference pairs) held out for evaluation."""
   vocab_size: int = 512

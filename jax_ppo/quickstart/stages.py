@@ -36,22 +36,22 @@ import numpy as np
 import tqdm
 from flax import nnx
 
-from jax_ppo.data import reviews
 from jax_ppo.data.prompts import PromptDataset
-from jax_ppo.data.tokenizer_training import train_bpe_tokenizer
 from jax_ppo.models import (
-    CausalLM,
-    ModelConfig,
-    from_pretrained,
-    load_scalar_model,
-    pad_batch,
-    value_model_from_reward_model,
+  CausalLM,
+  ModelConfig,
+  from_pretrained,
+  load_scalar_model,
+  pad_batch,
+  value_model_from_reward_model,
 )
 from jax_ppo.parallel.distributed import barrier, is_main_process
+from jax_ppo.quickstart import reviews
 from jax_ppo.quickstart.config import QuickstartConfig
+from jax_ppo.quickstart.tokenizer_training import train_bpe_tokenizer
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
-from jax_ppo.trainer.loop import RunOptions
+from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger("jax_ppo.quickstart")
 
@@ -168,7 +168,7 @@ def stage_sft(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, train: list[d
               held: list[dict], *, progress: bool = True) -> tuple[pathlib.Path, dict | None]:
   """Trains the random-init model by SFT on the reviews; returns `(hf folder, eval metrics)`
   (None when the stage was already done)."""
-  from jax_ppo.trainer.sft import SFTConfig, SFTTrainer
+  from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
 
   run_dir = out / "sft"
   hf = run_dir / "hf"
@@ -307,7 +307,7 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
                  train: list[dict], held: list[dict], sft_samples: list[dict], *,
                  progress: bool = True) -> tuple[pathlib.Path, dict | None]:
   """Bradley-Terry reward model on the SFT trunk, normalised on SFT samples (mean 0, std 1)."""
-  from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
+  from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
 
   run_dir = out / "reward_model"
   hf = run_dir / "hf"
@@ -342,7 +342,7 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
 
 
 def ppo_config(cfg: QuickstartConfig, tokenizer):
-  from jax_ppo.trainer import PPOConfig
+  from jax_ppo.ppo import PPOConfig
 
   return PPOConfig(
       batch_size=cfg.ppo_batch_size, num_minibatches=cfg.ppo_minibatches,
@@ -387,7 +387,7 @@ def stage_ppo(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathl
               log: Callable[[str], Any] = print) -> pathlib.Path:
   """PPO on the SFT policy with the normalised reward model and KL to the SFT model; evaluates
   at step 0 and every `eval_every` updates; exports the policy to `out/ppo/hf`."""
-  from jax_ppo.trainer import PPOTrainer
+  from jax_ppo.ppo import PPOTrainer
 
   run_dir = out / "ppo"
   hf = run_dir / "hf"

@@ -421,7 +421,7 @@ class Sampler:
                       state: nnx.State | None = None) -> Rollout:
     """One `generate` call on prompts already left-padded to a bucket: `input_ids` and
     `attention_mask` `[P, S]` (host or device arrays, e.g. global arrays of a multi-process run
-    whose rows each process filled; `jax_ppo.trainer.host_data`), `P` a batch bucket. `__call__`
+    whose rows each process filled; `jax_ppo.parallel.host_rows`), `P` a batch bucket. `__call__`
     pads and micro-batches lists of prompts, then does the same per micro-batch."""
     return self._generate(self.state if state is None else state, input_ids, attention_mask, rng)
 

@@ -16,7 +16,7 @@ from jax_ppo.checkpoint import (
     RunCheckpointer,
     config_differences,
 )
-from jax_ppo.trainer import PPOConfig
+from jax_ppo.ppo import PPOConfig
 
 
 class State(struct.PyTreeNode):

@@ -12,21 +12,21 @@ import pytest
 from flax import nnx
 
 from jax_ppo.data import (
-    iter_records,
-    read_preference_records,
-    read_prompt_records,
-    read_prompts,
-    read_records,
-    read_sft_examples,
-    read_sft_records,
+  iter_records,
+  read_preference_records,
+  read_prompt_records,
+  read_prompts,
+  read_records,
+  read_sft_examples,
+  read_sft_records,
 )
 from jax_ppo.data.sft import encode_records
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.trainer import SFTConfig, SFTTrainer
-from jax_ppo.trainer import run as run_module
-from jax_ppo.trainer.reward_model import RewardModelConfig, RewardModelTrainer
-from tests.trainer.conftest import MODEL
+from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
+from jax_ppo.runs import ppo as run_module
+from jax_ppo.sft import SFTConfig, SFTTrainer
+from tests.ppo.conftest import MODEL
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -78,7 +78,7 @@ def _where(fmt: str, index: int) -> str:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
   pytest.importorskip("tokenizers")
-  from tests.trainer.test_reward_model import _word_tokenizer
+  from tests.reward_model.test_reward_model import _word_tokenizer
 
   return _word_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from jax_ppo.data.sft import SFTExample, chat_segments, encode_record, pack_examples, pad_examples
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.trainer import SFTConfig, SFTTrainer
-from tests.trainer.conftest import MODEL
+from jax_ppo.sft import SFTConfig, SFTTrainer
+from tests.ppo.conftest import MODEL
 
 pytest.importorskip("tokenizers")
 

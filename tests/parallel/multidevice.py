@@ -85,7 +85,7 @@ def run_processes_of(script: str | os.PathLike, *args: str, num_processes: int,
   """
   import tempfile
 
-  from jax_ppo.parallel.selfcheck import free_port
+  from jax_ppo.diagnostics.scale_check import free_port
 
   path = pathlib.Path(script)
   if not path.is_absolute():

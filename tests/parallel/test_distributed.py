@@ -125,7 +125,9 @@ def test_other_processes_write_no_logs(tmp_path):
 def test_the_cli_joins_before_training(monkeypatch, capsys, command):
   """`jax-ppo train|sft|reward` hand the config's `distributed` to `initialize` first."""
   from jax_ppo import cli
-  from jax_ppo.trainer import reward_run, run, sft_run
+  from jax_ppo.runs import ppo as run
+  from jax_ppo.runs import reward as reward_run
+  from jax_ppo.runs import sft as sft_run
 
   calls = []
   monkeypatch.setattr(distributed, "initialize", lambda config: calls.append(("init", config)))

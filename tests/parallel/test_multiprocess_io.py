@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from jax_ppo.parallel.selfcheck import free_port
+from jax_ppo.diagnostics.scale_check import free_port
 
 WORKER = pathlib.Path(__file__).with_name("multihost_worker.py")
 ROOT = WORKER.parents[2]

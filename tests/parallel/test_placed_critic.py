@@ -1,4 +1,4 @@
-"""The critic on a sub-mesh of its own (`PlacementConfig.critic`, `jax_ppo.trainer.critic`).
+"""The critic on a sub-mesh of its own (`PlacementConfig.critic`, `jax_ppo.ppo.placed_critic`).
 
 On 8 fake CPU devices (subprocesses through `multidevice.run_on_devices`; the pytest process
 has one device): policy on devices 0-3, critic on 4-5, reference and reward model on 6-7 give
@@ -18,13 +18,13 @@ from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.parallel import MeshConfig, make_mesh
 from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh
-from jax_ppo.trainer import PPOConfig
-from jax_ppo.trainer.critic import CriticBatch, CriticPrograms, join, split_state
-from jax_ppo.trainer.optim import make_optimizer
-from jax_ppo.trainer.roles import PlacedSteps, place_frozen
-from jax_ppo.trainer.run_config import RunConfig, load_run_config
-from jax_ppo.trainer.state import FrozenParams, init_train_state
-from jax_ppo.trainer.step import PPOSteps
+from jax_ppo.ppo import PPOConfig
+from jax_ppo.ppo.placed_critic import CriticBatch, CriticPrograms, join, split_state
+from jax_ppo.ppo.placed_steps import PlacedSteps, place_frozen
+from jax_ppo.ppo.state import FrozenParams, init_train_state
+from jax_ppo.ppo.steps import PPOSteps
+from jax_ppo.runs.ppo_config import RunConfig, load_run_config
+from jax_ppo.training.optim import make_optimizer
 
 TOL = 1e-5
 POLICY, CRITIC, FROZEN = [0, 1, 2, 3], [4, 5], [6, 7]

@@ -1,5 +1,5 @@
 """The reference and the reward model on their own 4 devices give the same PPO update as every
-role on the policy's 4-device mesh (`jax_ppo.parallel.placement`, `jax_ppo.trainer.roles`), the
+role on the policy's 4-device mesh (`jax_ppo.parallel.placement`, `jax_ppo.ppo.placed_steps`), the
 arrays live where the docstrings say, and a LoRA policy keeps one copy of its base weights.
 
 The script (`scripts/placed_update.py`) runs on 8 fake CPU devices in a subprocess

@@ -9,14 +9,14 @@ from jax_ppo.config_io import config_to_dict, load_config
 from jax_ppo.models import LoRAConfig
 from jax_ppo.parallel import MeshConfig
 from jax_ppo.parallel.placement import (
-    Placement,
-    PlacementConfig,
-    RoleMesh,
-    make_placement,
-    transfer,
+  Placement,
+  PlacementConfig,
+  RoleMesh,
+  make_placement,
+  transfer,
 )
-from jax_ppo.trainer.roles import placed_steps, resolve_placement
-from jax_ppo.trainer.run_config import OPERATIONAL_FIELDS, RunConfig, load_run_config
+from jax_ppo.ppo.placed_steps import placed_steps, resolve_placement
+from jax_ppo.runs.ppo_config import OPERATIONAL_FIELDS, RunConfig, load_run_config
 
 HALF = RoleMesh(devices=(4, 8))
 

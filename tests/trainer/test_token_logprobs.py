@@ -10,11 +10,12 @@ import pytest
 from flax import nnx
 
 from jax_ppo.models.transformer import CausalLM
+from jax_ppo.ppo import PPOTrainer
+from jax_ppo.rewards import TokenScorer
 from jax_ppo.rollout import sampler as sampler_module
 from jax_ppo.rollout import token_logprobs
 from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs, logits_chunk
-from jax_ppo.trainer import PPOTrainer, TokenScorer
-from tests.trainer.conftest import CONFIG, MODEL, count_target, prompts
+from tests.ppo.conftest import CONFIG, MODEL, count_target, prompts
 
 
 def _close(got, want, what, rtol=1e-5, atol=1e-6):

@@ -1,13 +1,13 @@
 """Per-device memory of one compiled PPO update of the tiny model, replicated (data=8) and
-FSDP (fsdp=8), from abstract arrays (`jax_ppo.parallel.memory.update_memory`). Prints JSON."""
+FSDP (fsdp=8), from abstract arrays (`jax_ppo.diagnostics.memory.update_memory`). Prints JSON."""
 
 import json
 
 from tiny_setup import MODEL
 
+from jax_ppo.diagnostics.memory import update_memory
 from jax_ppo.parallel import MeshConfig, make_mesh
-from jax_ppo.parallel.memory import update_memory
-from jax_ppo.trainer import PPOConfig
+from jax_ppo.ppo import PPOConfig
 
 config = PPOConfig(batch_size=8, max_new_tokens=4, ppo_epochs=1)
 print(json.dumps({

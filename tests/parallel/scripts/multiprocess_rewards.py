@@ -3,7 +3,7 @@
     multiprocess_rewards.py OUT_DIR PORT NUM_PROCESSES PROCESS_ID
 
 Joins a job of 2 processes x 2 fake CPU devices, builds a global rollout of 8 rows split over the
-4 devices (each process fills its rows, `host_data.global_rows`) and scores it with Python
+4 devices (each process fills its rows, `host_rows.global_rows`) and scores it with Python
 reward functions of token ids (`FunctionScorer`, alone and in a `CombinedScorer`), then with one
 that returns NaN on the first row of process 1 only, then asks for a trainer without a mesh;
 writes what it saw to OUT_DIR/resultI.json.
@@ -17,12 +17,12 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jax_ppo.parallel import MeshConfig, make_mesh, rules
+from jax_ppo.parallel import MeshConfig, host_rows, make_mesh, rules
 from jax_ppo.parallel.distributed import DistributedConfig, initialize
+from jax_ppo.rewards.scorers import CombinedScorer, FunctionScorer
 from jax_ppo.rollout.sampler import Rollout
-from jax_ppo.trainer import host_data
-from jax_ppo.trainer.rewards import CombinedScorer, FunctionScorer
-from jax_ppo.trainer.run import RunConfig, build_trainer
+from jax_ppo.runs.ppo import build_trainer
+from jax_ppo.runs.ppo_config import RunConfig
 
 
 def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
@@ -41,8 +41,8 @@ def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
       has_stop=np.zeros(b, bool),
   )
   shardings = rules.batch_shardings(host, mesh)
-  start, stop = host_data.local_row_range(shardings.response_ids, (b, t))
-  rollout = jax.tree.map(lambda x, sh: host_data.global_rows(x[start:stop], sh, x.shape), host,
+  start, stop = host_rows.local_row_range(shardings.response_ids, (b, t))
+  rollout = jax.tree.map(lambda x, sh: host_rows.global_rows(x[start:stop], sh, x.shape), host,
                          shardings)
   seen = []
 
@@ -53,10 +53,10 @@ def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
   def nan_on_process_1(prompts, responses):
     return [float("nan") if pid == 1 and i == 0 else 0.0 for i in range(len(responses))]
 
-  result = {"rows": [start, stop], "global": host_data.is_global(rollout.response_ids)}
-  result["scores"] = host_data.gathered(FunctionScorer(total)(rollout)).tolist()
+  result = {"rows": [start, stop], "global": host_rows.is_global(rollout.response_ids)}
+  result["scores"] = host_rows.gathered(FunctionScorer(total)(rollout)).tolist()
   combined = CombinedScorer([("total", FunctionScorer(total), 2.0)])
-  result["combined"] = host_data.gathered(combined(rollout)).tolist()
+  result["combined"] = host_rows.gathered(combined(rollout)).tolist()
   result["metric"] = combined.metrics()["reward/total"]
   result["expected"] = np.where(host.response_mask, host.response_ids, 0).sum(1).tolist()
   result["rows_seen"] = seen

@@ -60,7 +60,8 @@ import numpy as np  # noqa: E402
 
 from jax_ppo.cli import main as cli  # noqa: E402
 from jax_ppo.data.prompts import PromptDataset  # noqa: E402
-from jax_ppo.trainer.run import build_trainer, evaluate_run, saved_run_config  # noqa: E402
+from jax_ppo.runs.ppo import build_trainer, evaluate_run  # noqa: E402
+from jax_ppo.runs.ppo_config import saved_run_config  # noqa: E402
 
 BATCHES: list[list] = []
 _batch = PromptDataset.batch

@@ -1,5 +1,5 @@
 """One PPO update with every role on the policy's 4-device mesh, and with the critic on devices
-4-5 and the reference and reward model on devices 6-7 (`jax_ppo.trainer.critic`).
+4-5 and the reference and reward model on devices 6-7 (`jax_ppo.ppo.placed_critic`).
 
 Usage: `placed_critic.py MODES CHECKPOINT_DIR`, MODES comma-separated among `gae` (experience
 then update over 2 minibatches of 2 microbatches, 2 epochs, gradient clipping off, then a
@@ -33,9 +33,9 @@ from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
-from jax_ppo.trainer import PPOConfig, PPOTrainer
-from jax_ppo.trainer.critic import split_state
-from jax_ppo.trainer.roles import PlacedSteps
+from jax_ppo.ppo import PPOConfig, PPOTrainer
+from jax_ppo.ppo.placed_critic import split_state
+from jax_ppo.ppo.placed_steps import PlacedSteps
 
 POLICY_MESH = MeshConfig(data=2, fsdp=2)
 

@@ -24,9 +24,10 @@ import tiny_hf_run  # noqa: E402
 
 from jax_ppo.cli import main as cli  # noqa: E402
 from jax_ppo.parallel.placement import PlacementConfig  # noqa: E402
-from jax_ppo.trainer.critic import split_state  # noqa: E402
-from jax_ppo.trainer.roles import PlacedEvalLogprobs  # noqa: E402
-from jax_ppo.trainer.run import build_trainer, saved_run_config  # noqa: E402
+from jax_ppo.ppo.placed_critic import split_state  # noqa: E402
+from jax_ppo.ppo.placed_steps import PlacedEvalLogprobs  # noqa: E402
+from jax_ppo.runs.ppo import build_trainer  # noqa: E402
+from jax_ppo.runs.ppo_config import saved_run_config  # noqa: E402
 
 CONFIG = """\
 policy_path: {policy}

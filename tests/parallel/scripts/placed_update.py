@@ -1,5 +1,5 @@
 """One PPO update with every role on the policy's 4-device mesh, and with the reference and the
-reward model on the other 4 devices (`jax_ppo.parallel.placement`, `jax_ppo.trainer.roles`).
+reward model on the other 4 devices (`jax_ppo.parallel.placement`, `jax_ppo.ppo.placed_steps`).
 
 Usage: `placed_update.py MODES`, MODES comma-separated among `gae` (full fine-tune, a separate
 critic, a reward model; experience then update over 2 minibatches), `grpo` (full fine-tune, a
@@ -32,9 +32,9 @@ from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
-from jax_ppo.trainer import PPOConfig, PPOTrainer
-from jax_ppo.trainer.roles import PlacedSteps
-from jax_ppo.trainer.step import PPOSteps
+from jax_ppo.ppo import PPOConfig, PPOTrainer
+from jax_ppo.ppo.placed_steps import PlacedSteps
+from jax_ppo.ppo.steps import PPOSteps
 
 POLICY_MESH = MeshConfig(data=2, fsdp=2)
 

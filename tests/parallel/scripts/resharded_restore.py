@@ -24,7 +24,8 @@ import tiny_hf_run  # noqa: E402
 
 from jax_ppo.cli import main as cli  # noqa: E402
 from jax_ppo.parallel import MeshConfig  # noqa: E402
-from jax_ppo.trainer.run import build_trainer, run_training, saved_run_config  # noqa: E402
+from jax_ppo.runs.ppo import build_trainer, run_training  # noqa: E402
+from jax_ppo.runs.ppo_config import saved_run_config  # noqa: E402
 
 KERNEL = "decoder/layers/up/kernel"
 

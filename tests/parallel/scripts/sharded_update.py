@@ -20,8 +20,8 @@ from tiny_setup import MODEL, PAD, TARGET, count_target, max_abs_diff, one_updat
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.parallel import MeshConfig, make_mesh, shard_batch
-from jax_ppo.trainer import PPOConfig, PPOTrainer
-from jax_ppo.trainer.rewards import TokenScorer
+from jax_ppo.ppo import PPOConfig, PPOTrainer
+from jax_ppo.rewards.scorers import TokenScorer
 
 
 def build(mode: str, mesh):

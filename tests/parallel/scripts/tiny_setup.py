@@ -7,8 +7,8 @@ from flax import nnx
 from jax_ppo.data import PromptDataset
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.transformer import CausalLM
-from tests.trainer import conftest as trainer_conftest
-from tests.trainer.conftest import count_target  # noqa: F401  (re-exported to the scripts)
+from tests.ppo import conftest as trainer_conftest
+from tests.ppo.conftest import count_target  # noqa: F401  (re-exported to the scripts)
 
 EOS, PAD, TARGET = 2, 0, 7
 # Every sharded dimension divides 2: D = 32 (fsdp), H*Dh = 32, K*Dh = 16, F = 64, V = 64 (tensor).
@@ -53,7 +53,7 @@ def one_update(trainer, rollout, scores):
 def rollout_and_scores(shared, split):
   """One rollout of `shared`'s policy and its scores by both trainers: `shared`'s scorer, and
   `split`'s through its placement (the reward model on its own devices when split)."""
-  from jax_ppo.trainer.roles import score
+  from jax_ppo.ppo.placed_steps import score
 
   prompt_ids, _ = shared.dataset.batch(0, shared.config.prompts_per_update)
   rollout = jax.block_until_ready(

@@ -1,0 +1,29 @@
+"""jax_ppo.ppo: the PPO stage (PPO with a critic, GRPO, RLOO, REINFORCE++) on the pure core.
+
+    from jax_ppo.ppo import PPOConfig, PPOTrainer
+    trainer = PPOTrainer(PPOConfig(...), policy, reward=reward_fn, prompts=dataset)
+    trainer.train()
+
+`config` (PPOConfig), `state` (TrainState, FrozenParams, the KL controller), `batch` (the
+training batch of a rollout), `steps` (the jitted experience and update functions), `programs`
+(how they compile), `placed_steps` / `placed_critic` (roles on sub-meshes of their own),
+`prompt_shards` (each process's prompt rows), `trainer` (host orchestration), `presets` (scenario
+presets and the hyperparameter guide), `eval_metrics`, `perf` (MFU).
+"""
+
+from jax_ppo.ppo.batch import Batch
+from jax_ppo.ppo.config import ADVANTAGE_MODES, PPOConfig
+from jax_ppo.ppo.state import FrozenParams, TrainState, init_train_state
+from jax_ppo.ppo.steps import PPOSteps
+from jax_ppo.ppo.trainer import PPOTrainer
+
+__all__ = [
+    "ADVANTAGE_MODES",
+    "Batch",
+    "FrozenParams",
+    "PPOConfig",
+    "PPOSteps",
+    "PPOTrainer",
+    "TrainState",
+    "init_train_state",
+]

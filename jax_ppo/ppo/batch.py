@@ -1,0 +1,59 @@
+"""`Batch`, one rollout ready for training, and the post-processing of reward scores.
+
+Split from `jax_ppo.ppo.steps` (which re-exports both) so that the role-placement programs
+(`jax_ppo.ppo.placed_steps`) and the steps share them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.rollout.sampler import Rollout
+
+Array = jax.Array
+
+
+class Batch(struct.PyTreeNode):
+  """One rollout batch ready for training (`B` rows, `S` prompt and `T` response slots).
+
+  Attributes:
+    input_ids: `[B, S + T]` prompt then response ids.
+    attention_mask: `[B, S + T]` int32.
+    positions: `[B, S + T]` int32 position ids.
+    response_ids: `[B, T]`.
+    response_mask: `[B, T]` bool.
+    old_logprobs: `[B, T]` behaviour log-probs (teacher-forced at rollout time).
+    ref_logprobs: `[B, T]` reference log-probs.
+    old_values: `[B, T]` critic values at rollout time (0 without a critic).
+    advantages: `[B, T]` (whitened where configured).
+    returns: `[B, T]` critic targets (0 without a critic).
+  """
+
+  input_ids: Array
+  attention_mask: Array
+  positions: Array
+  response_ids: Array
+  response_mask: Array
+  old_logprobs: Array
+  ref_logprobs: Array
+  old_values: Array
+  advantages: Array
+  returns: Array
+
+
+def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
+  """Reward-model scores -> training scores `[B]` (items 7 and 16).
+
+  `clip((raw - shift) * scale, ±reward_clip) - length_penalty * length`, then the missing-EOS
+  penalty replaces the score of responses without a stop token.
+  """
+  s = (jnp.asarray(raw_scores, jnp.float32) - config.reward_shift) * config.reward_scale
+  if config.reward_clip is not None:
+    s = jnp.clip(s, -config.reward_clip, config.reward_clip)
+  s = s - config.length_penalty * rollout.response_lengths.astype(jnp.float32)
+  if config.missing_eos_penalty is not None and config.stop_token_ids:
+    s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
+  return s

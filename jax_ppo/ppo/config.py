@@ -1,0 +1,302 @@
+"""Configuration of a PPO (and GRPO / RLOO / REINFORCE++) run for language models.
+
+One frozen, keyword-only dataclass, validated at construction: every error names the field and
+the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and
+`docs/rlhf_details.md`; the item numbers below refer to that list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+from jax_ppo.core import KL_ESTIMATORS
+from jax_ppo.core._checks import REDUCTIONS
+from jax_ppo.training.optim import LR_SCHEDULES
+
+ADVANTAGE_MODES = ("gae", "grpo", "rloo", "reinforce++")
+KL_CONTROLLERS = ("fixed", "adaptive", "multiplicative")
+GRPO_SCALES = ("group", "batch", "none")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+  """Hyperparameters of the RLHF loop. `B = batch_size` rollouts per update."""
+
+  # --- batch geometry (item 18) ---
+  batch_size: int = 8
+  """Responses per update (prompts per update x `n_samples`)."""
+  n_samples: int = 1
+  """Responses per prompt; >= 2 for "grpo" and "rloo" (consecutive rows share a prompt)."""
+  num_minibatches: int = 1
+  """Optimizer steps per epoch; must divide `batch_size`."""
+  gradient_accumulation_steps: int = 1
+  """Micro-batches per minibatch (gradients summed, normalised by the minibatch token count)."""
+  ppo_epochs: int = 4
+  """Passes over each rollout batch, reshuffled every epoch."""
+
+  # --- sampling (items 3, 5, 7, 20) ---
+  max_new_tokens: int = 48
+  """Response length limit `T`."""
+  temperature: float = 0.7
+  """Sampling temperature; old, reference and new log-probs use the same one."""
+  top_k: int = 0
+  """Top-k during training rollouts (0 = off, the recommended training setting)."""
+  top_p: float = 1.0
+  """Top-p during training rollouts (1 = off)."""
+  stop_token_ids: tuple[int, ...] = ()
+  """Ids that end a response (EOS and extra stop ids). Empty: always `max_new_tokens`."""
+  pad_token_id: int = 0
+  """PAD id, distinct from EOS (item 1)."""
+  missing_eos_penalty: float | None = None
+  """Score given to responses that hit `max_new_tokens` without a stop token (item 7);
+  None keeps the reward model's score."""
+  length_penalty: float = 0.0
+  """Subtracted from the score per response token, against length reward hacking."""
+
+  # --- rewards (items 8, 16) ---
+  reward_scale: float = 1.0
+  """Scores are mapped to `(score - reward_shift) * reward_scale` before clipping (item 16: set
+  them so SFT samples have mean 0 and std 1)."""
+  reward_shift: float = 0.0
+  """See `reward_scale`."""
+  reward_clip: float | None = 5.0
+  """Scores are clipped to [-reward_clip, reward_clip] (None disables)."""
+  whiten_rewards: bool = False
+  """Whiten per-token rewards before GAE (off by default: it shortens outputs, item 11)."""
+
+  # --- KL (items 8, 22) ---
+  kl_coef: float = 0.05
+  """Initial KL coefficient beta."""
+  kl_controller: str = "fixed"
+  """"fixed", "adaptive" (Ziegler et al. 2019) or "multiplicative" (x0.5 / x2)."""
+  kl_target: float = 6.0
+  """Target KL (per sequence, nats) for the adaptive controllers."""
+  kl_horizon: int = 10000
+  """Horizon (samples) of the adaptive controller."""
+  kl_estimator: str = "k1"
+  """Per-token estimator of the reward penalty ("k1", "k2", "k3", "abs")."""
+  kl_in_reward: bool | None = None
+  """True: `r_t = -beta kl_t` in the reward; False: `beta * KL` as a loss term (GRPO style, with
+  `kl_loss_estimator`). None picks per mode: reward for "gae"/"rloo"/"reinforce++", loss for
+  "grpo"."""
+  kl_loss_estimator: str = "k3"
+  """Estimator of the KL loss term when `kl_in_reward` is False."""
+
+  # --- advantages (items 10, 11) ---
+  advantage_mode: str = "gae"
+  """"gae" (critic), "grpo", "rloo" or "reinforce++" (no critic)."""
+  gamma: float = 1.0
+  """Discount."""
+  lam: float = 0.95
+  """GAE lambda."""
+  whiten_advantages: bool = True
+  """Whiten GAE advantages over valid tokens (mean-shifted)."""
+  grpo_scale: str = "group"
+  """Std used by GRPO: "group", "batch" or "none"."""
+
+  # --- losses (items 12, 13) ---
+  clip_eps: float = 0.2
+  """Policy ratio clip range."""
+  clip_eps_high: float | None = None
+  """Upper ratio clip (DAPO clip-higher); None uses `clip_eps`."""
+  dual_clip: float | None = None
+  """Dual-clip constant c > 1 for negative advantages; None disables."""
+  value_clip_eps: float | None = 0.2
+  """Value clip range around the rollout values (`cliprange_value`); None disables."""
+  vf_coef: float = 0.1
+  """Weight of the value loss."""
+  entropy_coef: float = 0.0
+  """Initial weight of the entropy bonus."""
+  entropy_coef_final: float | None = None
+  """Entropy weight reached after `total_updates` updates: update `n` (0-based) uses
+  `entropy_coef + (entropy_coef_final - entropy_coef) * n / total_updates`, so the last update
+  is one step short of it. None keeps the weight constant."""
+  loss_reduction: str = "token-mean"
+  """"token-mean", "seq-mean-token-mean" or "seq-mean-token-sum"."""
+  target_kl: float | None = None
+  """Stop the remaining epochs of an update once the epoch's mean approximate KL exceeds this."""
+
+  # --- optimisation (item 17) ---
+  learning_rate: float = 3e-6
+  """Peak learning rate of AdamW."""
+  lr_schedule: str = "linear"
+  """"constant", "linear" (decay to 0) or "cosine" (to 0), after warm-up."""
+  warmup_steps: int = 0
+  """Optimizer steps of linear warm-up."""
+  adam_eps: float = 1e-5
+  """AdamW epsilon (PyTorch-style; item 17)."""
+  adam_b1: float = 0.9
+  adam_b2: float = 0.999
+  weight_decay: float = 0.0
+  max_grad_norm: float | None = 1.0
+  """Clip gradients by global norm (None disables): one norm over the policy and critic, or one
+  per model when the critic runs on a sub-mesh of its own (`RunConfig.placement.critic`)."""
+  max_consecutive_skips: int | None = 5
+  """An optimizer step whose loss or gradient is NaN/inf is skipped (parameters and optimizer
+  state unchanged, counted in the `skipped_updates` metric); after this many consecutive
+  updates with skipped steps the run stops with `NonFiniteUpdates` (None: never stop)."""
+  total_updates: int = 100
+  """Number of PPO updates (rollout batches) of the run; sets the LR and entropy schedules."""
+
+  # --- experience replay ---
+  replay_buffer_size: int = 0
+  """Keep the last K rollout batches with their behaviour log-probs and replay them (0 = off)."""
+  replay_batches_per_update: int = 0
+  """Replayed batches trained on after each fresh one, under the same clipped objective."""
+
+  # --- layer loops (performance only; the numbers are the same) ---
+  train_scan_layers: bool | None = None
+  """Layer loop of the training forward/backward (old, reference and new log-probs, values):
+  True `lax.scan` (compile time independent of depth), False unrolled (no per-layer weight
+  copies: ~20% faster fwd+bwd on CPU for shallow models, compile time grows with depth), None
+  keeps each model's own `scan_layers`."""
+  rollout_scan_layers: bool | None = None
+  """Layer loop of the sampler's prefill and decode (same choices). On CPU the scanned decode
+  step is ~2.5x faster than the unrolled one at the TRL benchmark shape."""
+
+  seed: int = 0
+  """Seed of the run (sampling keys, shuffles, model init)."""
+
+  def __post_init__(self):
+    def bad(field: str, fix: str):
+      raise ValueError(f"PPOConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
+
+    def positive_int(field: str):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        bad(field, "use an int >= 1")
+
+    for f in dataclasses.fields(self):  # numbers before any comparison (no TypeError below)
+      value = getattr(self, f.name)
+      if f.type in ("float", "float | None") and not (
+          (value is None and f.type != "float")
+          or (isinstance(value, numbers.Real) and not isinstance(value, bool))):
+        bad(f.name, "use a number" + (" or None" if f.type != "float" else ""))
+    for field in ("batch_size", "n_samples", "num_minibatches", "gradient_accumulation_steps",
+                  "ppo_epochs", "max_new_tokens", "total_updates", "kl_horizon"):
+      positive_int(field)
+    for field, choices in (
+        ("advantage_mode", ADVANTAGE_MODES),
+        ("kl_controller", KL_CONTROLLERS),
+        ("lr_schedule", LR_SCHEDULES),
+        ("kl_estimator", KL_ESTIMATORS),
+        ("kl_loss_estimator", KL_ESTIMATORS),
+        ("loss_reduction", REDUCTIONS),
+        ("grpo_scale", GRPO_SCALES),
+    ):
+      if getattr(self, field) not in choices:
+        bad(field, f"choose one of {choices}")
+    if self.batch_size % self.n_samples:
+      bad("batch_size", f"it must be a multiple of n_samples ({self.n_samples})")
+    if self.batch_size % self.num_minibatches:
+      bad("batch_size", f"it must be divisible by num_minibatches ({self.num_minibatches})")
+    if self.minibatch_size % self.gradient_accumulation_steps:
+      bad(
+          "gradient_accumulation_steps",
+          f"it must divide the minibatch size batch_size / num_minibatches = "
+          f"{self.minibatch_size}",
+      )
+    if self.advantage_mode in ("grpo", "rloo") and self.n_samples < 2:
+      bad("n_samples", f"advantage_mode={self.advantage_mode!r} needs n_samples >= 2")
+    if not self.temperature > 0:
+      bad("temperature", "use a value > 0")
+    if not 0 < self.top_p <= 1:
+      bad("top_p", "use a value in (0, 1]")
+    if not isinstance(self.top_k, int) or self.top_k < 0:
+      bad("top_k", "use an int >= 0")
+    if not isinstance(self.pad_token_id, numbers.Integral) or isinstance(
+        self.pad_token_id, bool) or self.pad_token_id < 0:
+      bad("pad_token_id", "use the tokenizer's pad id, an int >= 0 (a tokenizer without a pad "
+                          "token needs one set, e.g. by jax_ppo.models.load_tokenizer)")
+    if not isinstance(self.stop_token_ids, tuple | list) or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
+        for i in self.stop_token_ids):
+      bad("stop_token_ids", "use a tuple of token ids, ints >= 0")
+    if self.pad_token_id in self.stop_token_ids:
+      bad("pad_token_id", "PAD must differ from every stop/EOS id (item 1)")
+    if not 0 <= self.gamma <= 1:
+      bad("gamma", "use a value in [0, 1]")
+    if not 0 <= self.lam <= 1:
+      bad("lam", "use a value in [0, 1]")
+    if not self.clip_eps > 0:
+      bad("clip_eps", "use a value > 0 (e.g. 0.2)")
+    if self.clip_eps_high is not None and not self.clip_eps_high > 0:
+      bad("clip_eps_high", "use a value > 0 or None")
+    if self.dual_clip is not None and not self.dual_clip > 1:
+      bad("dual_clip", "use a value > 1 (e.g. 3.0) or None")
+    if self.value_clip_eps is not None and not self.value_clip_eps > 0:
+      bad("value_clip_eps", "use a value > 0 or None")
+    for field in ("train_scan_layers", "rollout_scan_layers"):
+      value = getattr(self, field)
+      if value is not None and not isinstance(value, bool):
+        bad(field, "use True (lax.scan), False (unrolled) or None (the model's setting)")
+    for field in ("kl_coef", "vf_coef", "entropy_coef", "length_penalty", "weight_decay"):
+      if not getattr(self, field) >= 0:
+        bad(field, "use a value >= 0")
+    if self.entropy_coef_final is not None and not self.entropy_coef_final >= 0:
+      bad("entropy_coef_final", "use a value >= 0 or None")
+    if not self.kl_target > 0:
+      bad("kl_target", "use a value > 0")
+    if not self.learning_rate > 0:
+      bad("learning_rate", "use a value > 0 (1e-6 to 3e-6 for full PPO fine-tuning)")
+    if not self.adam_eps > 0:
+      bad("adam_eps", "use a value > 0 (1e-5)")
+    for field in ("adam_b1", "adam_b2"):
+      if not 0 <= getattr(self, field) < 1:
+        bad(field, "use a value in [0, 1) (0.9 and 0.999 are the usual ones)")
+    for field in ("reward_shift", "missing_eos_penalty"):
+      value = getattr(self, field)
+      if value is not None and not math.isfinite(value):
+        bad(field, "use a finite number")
+    if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+      bad("max_grad_norm", "use a value > 0 or None")
+    if self.reward_clip is not None and not self.reward_clip > 0:
+      bad("reward_clip", "use a value > 0 or None")
+    if not self.reward_scale > 0:
+      bad("reward_scale", "use a value > 0")
+    if self.target_kl is not None and not self.target_kl > 0:
+      bad("target_kl", "use a value > 0 or None")
+    if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+      bad("warmup_steps", "use an int >= 0")
+    if self.warmup_steps > self.total_optimizer_steps:
+      bad("warmup_steps", f"it exceeds the run's {self.total_optimizer_steps} optimizer steps")
+    for field in ("replay_buffer_size", "replay_batches_per_update"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value < 0:
+        bad(field, "use an int >= 0")
+    if self.replay_batches_per_update > self.replay_buffer_size:
+      bad("replay_batches_per_update", "it cannot exceed replay_buffer_size")
+    if self.max_consecutive_skips is not None and (
+        not isinstance(self.max_consecutive_skips, int)
+        or isinstance(self.max_consecutive_skips, bool) or self.max_consecutive_skips < 1):
+      bad("max_consecutive_skips", "use an int >= 1 or None (never stop)")
+
+  # --- derived values ---
+  @property
+  def prompts_per_update(self) -> int:
+    return self.batch_size // self.n_samples
+
+  @property
+  def minibatch_size(self) -> int:
+    return self.batch_size // self.num_minibatches
+
+  @property
+  def microbatch_size(self) -> int:
+    return self.minibatch_size // self.gradient_accumulation_steps
+
+  @property
+  def uses_critic(self) -> bool:
+    return self.advantage_mode == "gae"
+
+  @property
+  def kl_enters_reward(self) -> bool:
+    if self.kl_in_reward is not None:
+      return self.kl_in_reward
+    return self.advantage_mode != "grpo"
+
+  @property
+  def total_optimizer_steps(self) -> int:
+    per_update = self.ppo_epochs * self.num_minibatches * (1 + self.replay_batches_per_update)
+    return self.total_updates * per_update

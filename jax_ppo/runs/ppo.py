@@ -1,0 +1,427 @@
+"""Training runs from one config file: `RunConfig`, `run_training`, evaluation and export.
+
+A run is described by a frozen `RunConfig` (`jax_ppo.runs.ppo_config`: YAML/JSON file +
+`key=value` overrides, see `load_run_config`): Hugging Face folders for the policy and the reward
+model (or a built-in programmatic reward), a prompts file, the `PPOConfig`, and the run folder with
+its logging and checkpoint settings. `run_training(config)` builds every object and trains; running
+it again on the same run folder resumes from the latest checkpoint. `evaluate_run` and `export_run`
+read a run folder written by `run_training`. The command line (`jax_ppo.cli`, `jax-ppo`) is a thin
+layer over these functions.
+
+Defaults follow docs/rlhf_details.md: PAD comes from the tokenizer (distinct from EOS, item 1), the
+stop tokens default to the tokenizer's and the model's EOS ids, the critic is initialised from the
+reward model when there is one (item 15), else it is a zero-initialised value head on the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.data.files import PROMPT_FORMATS, PROMPT_SUFFIXES, check_data_path, read_prompts
+from jax_ppo.data.prompts import PromptDataset
+from jax_ppo.models import (
+    add_lora,
+    check_vocab_covers,
+    from_pretrained,
+    load_config,
+    load_scalar_model,
+    load_tokenizer,
+    resize_token_embeddings,
+    set_remat,
+    value_model_from_reward_model,
+)
+from jax_ppo.parallel.distributed import barrier, is_main_process, multi_process
+from jax_ppo.parallel.placement import make_placement
+from jax_ppo.ppo.eval_metrics import best_of_n, distinct_n, repetition_rate
+from jax_ppo.ppo.presets import check_against_guide
+from jax_ppo.rewards.specs import (
+    MODULE_REWARD,
+    REWARD_FUNCTIONS,
+    import_reward_function,
+    parse_reward_function,
+    reward_function,
+    reward_source_names,
+    RewardSource,
+)
+from jax_ppo.rewards.scorers import CombinedScorer, RewardModelScorer
+from jax_ppo.runs.common import DTYPES, grow_vocab
+from jax_ppo.runs.ppo_config import OPERATIONAL_FIELDS, load_run_config, RunConfig, saved_run_config
+from jax_ppo.ppo.trainer import PPOTrainer
+
+logger = logging.getLogger("jax_ppo.run")
+
+
+# ---- prompts -------------------------------------------------------------------------------------
+
+
+def check_prompts_file(path: str | os.PathLike, *, field: str) -> pathlib.Path:
+  """The prompts file or folder as a path; FileNotFoundError/ValueError naming `field` when
+  unusable (see `jax_ppo.data.files.check_data_path`)."""
+  return check_data_path(path, name=field, suffixes=PROMPT_SUFFIXES, formats=PROMPT_FORMATS)
+
+
+def load_prompts(
+    path: str | os.PathLike,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    field: str = "RunConfig.prompts_path",
+    max_tokens: int | None = None,
+    lazy: bool = False,
+) -> PromptDataset:
+  """Reads and tokenizes prompts: a .txt file (one per line), or a .jsonl or .parquet file or a
+  local `datasets` folder with "prompt" or "messages" records (`jax_ppo.data.read_prompts`).
+
+  Args:
+    path: the file (UTF-8) or folder.
+    tokenizer: the policy's tokenizer (its chat template renders "messages").
+    seed: shuffling seed of the dataset.
+    field: how error messages name the path (the config field or the CLI flag).
+    max_tokens: the longest prompt allowed (the policy's context `max_position_embeddings` minus
+      `max_new_tokens`); None does not check.
+    lazy: tokenize each prompt when a batch first reads it (`PromptDataset.lazy`): what each
+      process of a multi-process run does, so that it tokenizes only its own rows; a prompt
+      too long or empty is then reported when its batch comes.
+
+  Raises:
+    FileNotFoundError / ValueError: naming `field`, the file, the line (or row) and the fix: no
+      prompts, bytes that are not UTF-8, invalid JSON, a record without "prompt"/"messages", an
+      empty prompt, or a prompt longer than `max_tokens`.
+  """
+  return read_prompts(
+      check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
+      max_tokens=max_tokens, max_tokens_note=" (the policy's context minus ppo.max_new_tokens)",
+      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False,
+      lazy=lazy)
+
+
+def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
+  """Tokens a prompt may have: the context `max_position_embeddings` minus `max_new_tokens`."""
+  budget = int(policy_config.max_position_embeddings) - int(max_new_tokens)
+  if budget < 1:
+    raise ValueError(
+        f"PPOConfig.max_new_tokens={max_new_tokens} leaves no room for a prompt in the policy's "
+        f"context of {policy_config.max_position_embeddings} tokens; lower ppo.max_new_tokens."
+    )
+  return budget
+
+
+def _has_tokenizer(path: str) -> bool:
+  return any(os.path.exists(os.path.join(path, f))
+             for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
+
+
+def _check_folder(field: str, path: str | None) -> None:
+  if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+    raise FileNotFoundError(
+        f"RunConfig.{field}={path!r}: no Hugging Face model folder there (config.json is "
+        "missing); give a local folder written by save_pretrained."
+    )
+
+
+# ---- building and running ------------------------------------------------------------------------
+
+
+def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
+                         dtype: Any, mesh: Any = None) -> tuple[Any, RewardModelScorer]:
+  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer;
+  with a `mesh` its weights are read straight into their shards."""
+  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32, mesh=mesh)
+  # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
+  reward_tokenizer = (load_tokenizer(path, add_pad_token=config.resize_embeddings,
+                                     require_pad=False)
+                      if _has_tokenizer(path) else None)
+  reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
+  grow_vocab(reward_model, reward_vocab, resize=config.resize_embeddings, what="reward model")
+  scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
+                             reward_tokenizer=reward_tokenizer,
+                             max_length=reward_model.config.max_position_embeddings)
+  check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
+  return reward_model, scorer
+
+
+def build_trainer(
+    config: RunConfig, *, open_run: bool = True, prompts: PromptDataset | None = None
+) -> PPOTrainer:
+  """Loads the models, tokenizer and prompts of `config` and builds the trainer.
+
+  Args:
+    config: the run.
+    open_run: attach `config.run_dir` (logs, checkpoints, resume); False builds a bare trainer
+      (for evaluation or export, which restore with `load_checkpoint`).
+    prompts: use these prompts instead of reading `config.prompts_path`.
+  """
+  for field in ("policy_path", "reward_model_path", "value_model_path"):
+    _check_folder(field, getattr(config, field))
+  if prompts is None:
+    check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
+  dtype = DTYPES[config.dtype]
+  if config.mesh is None and multi_process():  # (before loading any model)
+    raise ValueError(
+        "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
+        "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
+  p = config.placement
+  if multi_process() and (p.split_roles or p.policy_devices is not None):
+    raise ValueError(
+        "RunConfig.placement: roles on sub-meshes of their own are single-process only (not yet "
+        "run across processes); in a multi-process job leave placement.policy_devices, "
+        "placement.reference, placement.reward and placement.critic unset, so every role shares "
+        "RunConfig.mesh.")
+  placement = None if config.mesh is None else make_placement(config.placement, config.mesh)
+  mesh = None if placement is None else placement.policy
+  reward_mesh = None if placement is None else placement.reward  # reward models load there
+  policy_eos = load_config(config.policy_path).eos_token_ids
+  # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
+  tokenizer = load_tokenizer(
+      config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
+      extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
+  )
+  policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
+                           remat=config.remat, mesh=mesh)
+  grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
+  check_vocab_covers(tokenizer, policy.config)
+  if config.lora is not None:
+    add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
+  stop_ids = config.ppo.stop_token_ids or tuple(dict.fromkeys(
+      i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
+      if i is not None and i != tokenizer.pad_token_id
+  ))
+  outside = [i for i in stop_ids if not 0 <= i < policy.config.vocab_size]
+  if outside:
+    raise ValueError(
+        f"RunConfig.ppo.stop_token_ids={tuple(stop_ids)}: id(s) {outside} are outside the "
+        f"policy's vocabulary of {policy.config.vocab_size} tokens; give ids of its tokenizer."
+    )
+  ppo = dataclasses.replace(config.ppo, pad_token_id=tokenizer.pad_token_id,
+                            stop_token_ids=tuple(stop_ids))
+
+  value_model = None
+  first_model = None  # (reward model, scorer) of the first reward model: the critic's start
+  if config.reward_model_path is not None:
+    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype,
+                                       reward_mesh)
+    scorer = first_model[1]
+  elif config.reward_function is not None:
+    scorer = reward_function(config.reward_function, tokenizer)
+  else:
+    sources = []
+    for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
+      if source.model_path is not None:
+        _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
+        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype, reward_mesh)
+        first_model = first_model or pair
+        sub = pair[1]
+      else:
+        sub = reward_function(source.function, tokenizer)
+      sources.append((name, sub, source.weight))
+    scorer = CombinedScorer(sources)
+  if first_model is not None and ppo.uses_critic and config.value_model_path is None:
+    reward_model, rm_scorer = first_model
+    if rm_scorer.retokenize:
+      logger.warning("The reward model has its own tokenizer, so the critic cannot start as "
+                     "its copy; using a value head on the policy (or set value_model_path).")
+    else:
+      value_model = value_model_from_reward_model(reward_model)
+  if config.value_model_path is not None:
+    if ppo.uses_critic:
+      value_model = load_scalar_model(config.value_model_path, dtype=dtype,
+                                      param_dtype=jnp.float32,
+                                      mesh=None if placement is None else placement.critic)
+      grow_vocab(value_model, len(tokenizer), resize=config.resize_embeddings, what="value model")
+      check_vocab_covers(tokenizer, value_model.config)
+    else:
+      logger.warning("value_model_path is ignored: advantage_mode=%r has no critic.",
+                     ppo.advantage_mode)
+  if value_model is not None:  # the critic trains too: same remat as the policy
+    set_remat(value_model, config.remat)
+  if prompts is None:
+    prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
+                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens),
+                           lazy=multi_process())  # (several processes: each its own rows)
+  return PPOTrainer(
+      ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
+      run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
+      run_config=config, mesh=mesh, placement=placement,
+  )
+
+
+def guide_advice(config: RunConfig) -> list[str]:
+  """Checks `config.ppo` against the hyperparameter guide and logs each piece of advice.
+
+  Runs at the start of `run_training` (docs: `jax_ppo.ppo.presets.check_against_guide`);
+  advice is a warning, never an error: out-of-range values may be deliberate.
+
+  Returns:
+    The advice lines (empty when every value is in its recommended range).
+  """
+  advice = check_against_guide(config.ppo, lora=config.lora is not None)
+  for line in advice:
+    logger.warning("Hyperparameter guide: %s", line)
+  if advice:
+    logger.warning("Hyperparameter guide: %d value(s) outside the recommended ranges (see "
+                   "jax_ppo.ppo.presets.format_guide()); training goes on.", len(advice))
+  return advice
+
+
+def run_training(config: RunConfig) -> list[dict[str, float]]:
+  """Trains (or resumes) the run described by `config`; returns the metrics of each update.
+
+  Runs `config.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
+  `config.run_dir`; calling it again with the same configuration continues the run. SIGTERM or
+  SIGINT during training saves a checkpoint and returns early: the returned history's
+  `preempted` then names the signal (see `jax_ppo.training.loop`).
+  """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
+  guide_advice(config)
+  trainer = build_trainer(config)
+  try:
+    if trainer.step_count >= config.ppo.total_updates:
+      logger.info("%s is complete (step %d of %d); nothing to do.", config.run_dir,
+                  trainer.step_count, config.ppo.total_updates)
+    return trainer.train(config.updates_per_run)
+  finally:
+    trainer.close()
+
+
+def _bare_trainer(config: RunConfig) -> PPOTrainer:
+  # The dataset is never used (no training): the training prompts file need not exist anymore.
+  return build_trainer(config, open_run=False, prompts=PromptDataset([[0]]))
+
+
+def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
+                        temperature_field: str) -> None:
+  """ValueError naming `n_field` unless `n` is an int >= 1, and unless `n` is 1 when
+  `temperature` is None (greedy samples are identical); shared by `evaluate_run` and the
+  pipeline's `eval` section, which checks before any stage trains."""
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"{n_field}={n!r} is invalid: give the number of samples per prompt (>= 1).")
+  if n > 1 and temperature is None:
+    raise ValueError(f"{n_field}={n} needs sampling: greedy decoding gives {n} identical "
+                     f"responses; give {temperature_field} (e.g. 1.0).")
+
+
+def evaluate_run(
+    run_dir: str | os.PathLike,
+    prompts_path: str | os.PathLike,
+    *,
+    temperature: float | None = None,
+    n: int = 1,
+    step: int | None = None,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+  """Samples and scores held-out prompts with a checkpoint of a run (item 20).
+
+  Every prompt is sampled `n` times. The metrics (`eval/...`, see `jax_ppo.ppo.eval_metrics`)
+  are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
+  scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
+  tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
+  `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
+  `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`;
+  with `RunConfig.rewards`, also `reward/<name>`, each source's mean raw score (and each sample's
+  raw scores under "rewards").
+
+  Args:
+    run_dir: the run folder.
+    prompts_path: held-out prompts (.txt or .jsonl, as `RunConfig.prompts_path`).
+    temperature: None samples greedily (then `n` must be 1: greedy samples are identical).
+    n: samples per prompt for best-of-n.
+    step: the checkpoint; None uses the latest.
+    seed: sampling seed (temperature > 0).
+    out: JSON file written; default `run_dir/eval/step_<step>.json`.
+
+  Returns:
+    `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
+    "samples", "out"}` (also the content of `out`, without "out"); each sample is
+    `{prompt_index, prompt, response, reward, length, kl}`.
+
+  Several processes (called by every process of a job that joined `jax.distributed`): every
+  process samples and scores, each gathering the scores and samples; process 0 writes `out`.
+  """
+  check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
+  config = saved_run_config(run_dir)
+  check_prompts_file(prompts_path, field="--prompts")
+  trainer = _bare_trainer(config)
+  prompts = load_prompts(
+      prompts_path, trainer.tokenizer, field="--prompts",
+      max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
+  step = trainer.load_checkpoint(run_dir, step=step)
+  raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
+  if isinstance(trainer.scorer, CombinedScorer):
+    combined = trainer.scorer
+
+    def scorer(rollout, reward_state=None):
+      scores = combined(rollout, reward_state)
+      for name, values in combined.last_raw.items():
+        raw.setdefault(name, []).extend(values.tolist())
+      return scores
+
+    trainer.scorer = scorer
+  repeated = [p for p in prompts.prompts for _ in range(n)]  # prompt-major: n in a row
+  metrics, samples = trainer.evaluate_with_samples(repeated, temperature=temperature, seed=seed)
+  for i, sample in enumerate(samples):
+    sample["prompt_index"] = i // n
+    if raw:
+      sample["rewards"] = {name: values[i] for name, values in raw.items()}
+  metrics.update({f"eval/reward/{name}": float(np.mean(values)) for name, values in raw.items()})
+  responses = [s["response"] for s in samples]
+  metrics.update({
+      "eval/best_of_n": best_of_n([s["reward"] for s in samples], n),
+      "eval/n": float(n),
+      "eval/distinct_1": distinct_n(responses, 1),
+      "eval/distinct_2": distinct_n(responses, 2),
+      "eval/repetition_rate": repetition_rate(responses, 2),
+  })
+  if config.rewards:
+    reward = [{"name": name, "weight": r.weight, "source": r.function or r.model_path}
+              for name, r in zip(reward_source_names(config.rewards), config.rewards, strict=True)]
+  else:
+    reward = config.reward_model_path or config.reward_function
+  result = {
+      "run_dir": str(run_dir), "step": step, "prompts_path": str(prompts_path),
+      "greedy": temperature is None, "temperature": temperature, "n": n, "reward": reward,
+      "metrics": metrics, "samples": samples,
+  }
+  out = pathlib.Path(out) if out is not None else pathlib.Path(run_dir) / "eval" / (
+      f"step_{step}.json")
+  if is_main_process():  # (several processes: every one evaluated; process 0 writes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+  barrier(f"evaluate_run {out}")
+  return {**result, "out": str(out)}
+
+
+def export_run(
+    run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None
+) -> tuple[pathlib.Path, int]:
+  """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
+
+  Several processes: every process calls it; process 0 writes (`PPOTrainer.export`).
+
+  Returns:
+    `(folder, step)`.
+  """
+  trainer = _bare_trainer(saved_run_config(run_dir))
+  step = trainer.load_checkpoint(run_dir, step=step)
+  return trainer.export(out, dtype=dtype), step
+
+
+__all__ = [
+    "build_trainer",
+    "check_prompts_file",
+    "evaluate_run",
+    "export_run",
+    "guide_advice",
+    "load_prompts",
+    "run_training",
+]

@@ -1,0 +1,267 @@
+"""Reward-model runs from one config file: `RewardRunConfig` and `run_reward` (`jax-ppo reward`).
+
+The second RLHF stage on a user's own checkpoint: a local Hugging Face folder to start from
+(usually the SFT stage's export: its trunk with a new score head, `load_scalar_model`), a file of
+preference records (prompt, chosen, rejected, optional margin) and a `RewardModelConfig`.
+`run_reward(config)` trains with `RewardModelTrainer` in `config.run_dir`; when the run is
+complete it evaluates the held-out accuracy, sets the reward normalisation from samples of the SFT
+policy (docs/rlhf_details.md item 16: gain and bias so that those samples score with mean 0 and
+std 1) and writes a one-label `*ForSequenceClassification` folder to `config.export_path`, which
+`RunConfig.reward_model_path` of the PPO stage reads. Running it again resumes.
+
+Example config (YAML)::
+
+  model_path: runs/sft/hf_model
+  train_path: data/preferences.jsonl   # {"prompt": ..., "chosen": ..., "rejected": ...}
+                                       # (text or chats: jax_ppo.data.preferences)
+  run_dir: runs/reward
+  reward: {batch_size: 16, learning_rate: 1.0e-5, num_epochs: 1, eval_fraction: 0.05}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.data.preferences import explicit_preference
+from jax_ppo.models import (
+    add_lora,
+    check_vocab_covers,
+    encode_chat,
+    from_pretrained,
+    load_config,
+    load_scalar_model,
+    load_tokenizer,
+    resize_token_embeddings,
+)
+from jax_ppo.rollout.config import SamplingConfig
+from jax_ppo.rollout.sampler import Sampler
+from jax_ppo.training.loop import RunOptions
+from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
+from jax_ppo.runs.common import DTYPES, grow_vocab
+from jax_ppo.runs.common import (
+    check_model_folder,
+    check_records_file,
+    load_stage_config,
+    read_records,
+    StageRunConfig,
+)
+
+logger = logging.getLogger("jax_ppo.reward_run")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardRunConfig(StageRunConfig):
+  """Everything `run_reward` needs; saved as `run_dir/config.yaml`. The record field names are
+  `reward.prompt_field`, `reward.chosen_field`, `reward.rejected_field`, `reward.margin_field`."""
+
+  reward: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
+  """Reward-model hyperparameters (`jax_ppo.reward_model.trainer.RewardModelConfig`)."""
+  normalise: bool = True
+  """Set the reward normalisation from samples of the SFT policy before exporting."""
+  policy_path: str | None = None
+  """Causal-LM folder whose samples set the normalisation; None: `model_path` (the SFT model the
+  reward model starts from)."""
+  normalise_prompts_path: str | None = None
+  """Prompts sampled for the normalisation (.jsonl records with the prompt field, or .json);
+  None: the prompts of `train_path`."""
+  normalise_samples: int = 64
+  """Prompts sampled (one response each) for the normalisation; fewer when there are fewer."""
+  normalise_max_new_tokens: int = 48
+  """Response length limit of those samples (use PPO's `max_new_tokens`)."""
+  normalise_temperature: float = 1.0
+  """Sampling temperature of those samples (use PPO's `temperature`)."""
+
+  def __post_init__(self):
+    super().__post_init__()
+
+    def bad(field: str, fix: str):
+      raise ValueError(f"RewardRunConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
+
+    if not isinstance(self.reward, RewardModelConfig):
+      raise ValueError(f"RewardRunConfig.reward must be a RewardModelConfig, got "
+                       f"{type(self.reward).__name__}.")
+    if not isinstance(self.normalise, bool):
+      bad("normalise", "use true or false")
+    for field in ("policy_path", "normalise_prompts_path"):
+      value = getattr(self, field)
+      if value is not None and (not isinstance(value, str) or not value):
+        bad(field, "give a path, or null")
+    for field in ("normalise_samples", "normalise_max_new_tokens"):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        bad(field, "use an int >= 1")
+    if not (isinstance(self.normalise_temperature, int | float)
+            and self.normalise_temperature > 0):
+      bad("normalise_temperature", "use a value > 0")
+
+  def run_options(self) -> RunOptions:
+    """As `StageRunConfig.run_options`; the normalisation settings may also change on resume."""
+    options = super().run_options()
+    return dataclasses.replace(options,
+                               resume_ignore=(*options.resume_ignore, *NORMALISATION_FIELDS))
+
+
+NORMALISATION_FIELDS = ("normalise", "policy_path", "normalise_prompts_path", "normalise_samples",
+                        "normalise_max_new_tokens", "normalise_temperature")
+"""Fields that only change the normalisation applied at export, not the trained checkpoints: they
+may change between invocations of one run."""
+
+
+def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:
+  """A `RewardRunConfig` from at most one YAML/JSON file and `key=value` overrides."""
+  return load_stage_config(RewardRunConfig, argv)
+
+
+def _prompts(config: RewardRunConfig, train: list[dict]) -> list[Any]:
+  """Distinct prompts (strings or chats) for the normalisation samples, in file order."""
+  c = config.reward
+  if config.normalise_prompts_path is None:
+    # A conversational record without a prompt chat: the turns its two conversations share.
+    prompts = [explicit_preference(r.get(c.prompt_field), r[c.chosen_field], r[c.rejected_field],
+                                   where=f"RewardRunConfig.train_path record {i}",
+                                   fields=(c.prompt_field, c.chosen_field, c.rejected_field))[0]
+               for i, r in enumerate(train)]
+  else:
+    prompts = [r[c.prompt_field] for r in read_records(
+        config.normalise_prompts_path, field="RewardRunConfig.normalise_prompts_path",
+        required=(c.prompt_field,))]
+  distinct = {json.dumps(p, sort_keys=True): p for p in prompts}
+  return list(distinct.values())[:config.normalise_samples]
+
+
+def policy_samples(
+    config: RewardRunConfig, prompts: list[Any], *, seed: int, reward_tokenizer: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """Prompt + sampled response ids and attention mask `[N, S]` for the normalisation: one
+  response per prompt from the policy (`policy_path`, default `model_path`), with the sampling
+  settings of PPO (`normalise_max_new_tokens`, `normalise_temperature`).
+
+  When the policy's tokenizer is the reward model's (`reward_tokenizer`; the usual case, both
+  coming from the SFT folder), the sequences are the policy's own ids, left-padded prompt and
+  response with its stop token (or cut at the length limit), exactly what PPO's
+  `RewardModelScorer` scores. Otherwise the texts are re-tokenized by `reward_tokenizer`.
+  """
+  path = config.policy_path or config.model_path
+  check_model_folder("RewardRunConfig.policy_path" if config.policy_path else
+                     "RewardRunConfig.model_path", path)
+  eos = load_config(path).eos_token_ids
+  tokenizer = load_tokenizer(path, pad_token=config.pad_token,
+                             add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
+  policy = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32)
+  if config.resize_embeddings and len(tokenizer) > policy.config.vocab_size:
+    resize_token_embeddings(policy, len(tokenizer))
+  check_vocab_covers(tokenizer, policy.config)
+  stop = tuple(dict.fromkeys(i for i in (tokenizer.eos_token_id, *eos)
+                             if i is not None and i != tokenizer.pad_token_id))
+  ids = [encode_chat(tokenizer, [p])[0] if isinstance(p, list) else
+         list(tokenizer(p)["input_ids"]) for p in prompts]
+  sampler = Sampler(policy, SamplingConfig(
+      max_new_tokens=config.normalise_max_new_tokens, temperature=config.normalise_temperature,
+      stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id, truncate_prompts=True))
+  rollout = sampler(ids, jax.random.key(seed))
+  if reward_tokenizer is None or tokenizer.get_vocab() == reward_tokenizer.get_vocab():
+    return np.asarray(rollout.sequence_ids), np.asarray(rollout.attention_mask)
+  rows = []
+  for p_ids, p_mask, r_ids, r_mask in zip(
+      *map(np.asarray, (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                        rollout.response_mask)), strict=True):
+    text = tokenizer.decode(np.concatenate([p_ids[p_mask > 0], r_ids[r_mask]]).tolist(),
+                            skip_special_tokens=True)
+    rows.append(list(reward_tokenizer(text)["input_ids"]) or [reward_tokenizer.pad_token_id])
+  length = max(len(r) for r in rows)
+  out_ids = np.full((len(rows), length), reward_tokenizer.pad_token_id or 0, np.int32)
+  out_mask = np.zeros((len(rows), length), np.int32)
+  for i, row in enumerate(rows):
+    out_ids[i, :len(row)], out_mask[i, :len(row)] = row, 1
+  return out_ids, out_mask
+
+
+def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
+  """Loads the model (a new score head on a causal-LM folder, or a reward model's own head),
+  tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
+  check_model_folder("RewardRunConfig.model_path", config.model_path)
+  c = config.reward
+  need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses
+  for field in ("train_path", "eval_path", "normalise_prompts_path"):
+    if getattr(config, field) is not None:
+      check_records_file(getattr(config, field), field=f"RewardRunConfig.{field}")
+  eos = load_config(config.model_path).eos_token_ids
+  tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
+                             add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
+  model = load_scalar_model(config.model_path, seed=c.seed, dtype=DTYPES[config.dtype],
+                            param_dtype=jnp.float32)
+  grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="reward model")
+  check_vocab_covers(tokenizer, model.config)
+  if config.lora is not None:
+    add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
+  train = read_records(config.train_path, field="RewardRunConfig.train_path", required=need)
+  evaluation = None if config.eval_path is None else read_records(
+      config.eval_path, field="RewardRunConfig.eval_path", required=need)
+  trainer = RewardModelTrainer(c, model, train_data=train, eval_data=evaluation,
+                               tokenizer=tokenizer, run_dir=config.run_dir,
+                               run_options=config.run_options(), run_config=config)
+  trainer.train_records = train
+  return trainer
+
+
+def run_reward(config: RewardRunConfig) -> dict[str, Any]:
+  """Trains (or resumes) the reward-model run of `config`; when it is complete, normalises
+  (`config.normalise`) and exports the model.
+
+  Returns:
+    `{"stage": "reward", "run_dir", "step", "total_steps", "steps_run", "complete",
+    "preempted", "export_dir" (None until complete), "train/loss", "train/accuracy" (the last
+    step's, when a step ran), "eval/accuracy" and "eval/loss" (with a held-out split), and
+    "normalisation" ({gain, bias, mean, std, samples}, when normalised)}`.
+  """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
+  trainer = build_reward_trainer(config)
+  try:
+    if trainer.step_count >= trainer.total_steps:
+      logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
+                  trainer.step_count, trainer.total_steps)
+    left = max(trainer.total_steps - trainer.step_count, 0)
+    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
+    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
+                                                                           left))
+    complete = trainer.step_count >= trainer.total_steps
+    summary: dict[str, Any] = {
+        "stage": "reward", "run_dir": config.run_dir, "step": trainer.step_count,
+        "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
+        "preempted": history.preempted, "export_dir": None,
+    }
+    if history:
+      summary.update({k: float(history[-1][k]) for k in ("train/loss", "train/accuracy")
+                      if k in history[-1]})
+    if complete and not history.preempted:
+      if trainer.eval_pairs is not None:
+        metrics = trainer.evaluate()
+        summary.update({k: metrics[k] for k in ("eval/loss", "eval/accuracy")})
+      if config.normalise:
+        ids, mask = policy_samples(config, _prompts(config, trainer.train_records),
+                                   seed=config.reward.seed, reward_tokenizer=trainer.tokenizer)
+        summary["normalisation"] = trainer.normalise(input_ids=ids, attention_mask=mask)
+      summary["export_dir"] = str(trainer.export(config.export_path))
+      logger.info("Reward model written to %s.", config.export_path)
+    return summary
+  finally:
+    trainer.close()
+
+
+__all__ = [
+    "NORMALISATION_FIELDS",
+    "RewardRunConfig",
+    "build_reward_trainer",
+    "load_reward_config",
+    "policy_samples",
+    "run_reward",
+]

@@ -1,0 +1,131 @@
+"""SFT runs from one config file: `SFTRunConfig` and `run_sft` (`jax-ppo sft`).
+
+The first RLHF stage on a user's own checkpoint: a local Hugging Face causal-LM folder, a file of
+(prompt, response) or chat records, and an `SFTConfig`. `run_sft(config)` loads everything,
+trains with `SFTTrainer` in `config.run_dir` (config.yaml, metrics.jsonl, checkpoints, progress
+bar) and, when the run is complete, evaluates the held-out split and writes the model (LoRA
+merged) with its tokenizer to `config.export_path`, the folder the reward-model and PPO stages
+start from. Running it again on the same run folder resumes from the latest checkpoint (a run
+whose computing fields changed is refused); a complete run only exports again.
+
+Example config (YAML)::
+
+  model_path: models/Qwen3-0.6B
+  train_path: data/sft.jsonl        # {"prompt": ..., "response": ...} or {"messages": [...]}
+  run_dir: runs/sft
+  sft: {max_length: 512, batch_size: 16, learning_rate: 2.0e-5, num_epochs: 1,
+        eval_fraction: 0.05}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.models import (
+  add_lora,
+  check_vocab_covers,
+  from_pretrained,
+  load_config,
+  load_tokenizer,
+)
+from jax_ppo.runs.common import DTYPES, grow_vocab
+from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
+from jax_ppo.runs.common import (
+    check_model_folder,
+    check_records_file,
+    load_stage_config,
+    read_records,
+    StageRunConfig,
+)
+
+logger = logging.getLogger("jax_ppo.sft_run")
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTRunConfig(StageRunConfig):
+  """Everything `run_sft` needs; saved as `run_dir/config.yaml`. The record field names are
+  `sft.prompt_field`, `sft.response_field` and `sft.messages_field`."""
+
+  sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+  """SFT hyperparameters (`jax_ppo.sft.trainer.SFTConfig`)."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not isinstance(self.sft, SFTConfig):
+      raise ValueError(f"SFTRunConfig.sft must be an SFTConfig, got {type(self.sft).__name__}.")
+
+
+def load_sft_config(argv: Sequence[str]) -> SFTRunConfig:
+  """An `SFTRunConfig` from at most one YAML/JSON file and `key=value` overrides."""
+  return load_stage_config(SFTRunConfig, argv)
+
+
+def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
+  """Loads the model, tokenizer and records of `config` and builds the trainer (which resumes
+  from the run folder's latest checkpoint)."""
+  check_model_folder("SFTRunConfig.model_path", config.model_path)
+  c = config.sft
+  need = ((c.messages_field, c.prompt_field), (c.messages_field, c.response_field))
+  for field in ("train_path", "eval_path"):
+    if getattr(config, field) is not None:
+      check_records_file(getattr(config, field), field=f"SFTRunConfig.{field}")
+  eos = load_config(config.model_path).eos_token_ids
+  tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
+                             add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
+  model = from_pretrained(config.model_path, dtype=DTYPES[config.dtype],
+                          param_dtype=jnp.float32)
+  grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="policy")
+  check_vocab_covers(tokenizer, model.config)
+  if config.lora is not None:
+    add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
+  train = read_records(config.train_path, field="SFTRunConfig.train_path", required=need)
+  evaluation = None if config.eval_path is None else read_records(
+      config.eval_path, field="SFTRunConfig.eval_path", required=need)
+  return SFTTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
+                    run_dir=config.run_dir, run_options=config.run_options(), run_config=config)
+
+
+def run_sft(config: SFTRunConfig) -> dict[str, Any]:
+  """Trains (or resumes) the SFT run of `config`; exports the model when the run is complete.
+
+  Returns:
+    `{"stage": "sft", "run_dir", "step", "total_steps", "steps_run", "complete", "preempted",
+    "export_dir" (None until complete), "train/loss" (the last step's, when a step ran), and the
+    held-out "eval/loss" and "eval/perplexity" when there is a held-out split}`.
+  """
+  enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
+  trainer = build_sft_trainer(config)
+  try:
+    if trainer.step_count >= trainer.total_steps:
+      logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
+                  trainer.step_count, trainer.total_steps)
+    left = max(trainer.total_steps - trainer.step_count, 0)
+    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
+    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
+                                                                           left))
+    complete = trainer.step_count >= trainer.total_steps
+    summary: dict[str, Any] = {
+        "stage": "sft", "run_dir": config.run_dir, "step": trainer.step_count,
+        "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
+        "preempted": history.preempted, "export_dir": None,
+    }
+    if history:
+      summary["train/loss"] = float(history[-1]["train/loss"])
+    if complete and not history.preempted:
+      if trainer.eval_rows is not None:
+        metrics = trainer.evaluate()
+        summary.update({k: metrics[k] for k in ("eval/loss", "eval/perplexity")})
+      summary["export_dir"] = str(trainer.export(config.export_path))
+      logger.info("SFT model written to %s.", config.export_path)
+    return summary
+  finally:
+    trainer.close()
+
+
+__all__ = ["SFTRunConfig", "build_sft_trainer", "load_sft_config", "run_sft"]
