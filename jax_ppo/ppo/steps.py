@@ -55,6 +55,7 @@ from jax_ppo.ppo.programs import ppo_step_jits
 from jax_ppo.ppo.state import FrozenParams, TrainState, kl_controller
 from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
+from jax_ppo.training.state import guarded_update
 
 Array = jax.Array
 
@@ -372,38 +373,17 @@ class PPOSteps:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
   def _apply_gradients(self, state: TrainState, grads, metrics):
-    """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients.
+    """One AdamW step (scaled by `state.lr_scale`) with the minibatch's summed gradients
+    (`jax_ppo.training.state.guarded_update`).
 
     A step whose loss (`metrics["loss/total_avg"]`) or gradient has a NaN or inf is skipped:
     parameters, optimizer state and `opt_steps` keep their values bit for bit, and
-    `metrics["skipped"]` is 1. The skip is a `lax.cond` around the optimizer step, not a select
-    of new against old values: with a select, the old Adam moments stay live next to the new
-    ones, and XLA copied every moment (twice the parameters' bytes) on each optimizer step; the
-    conditional updates parameters and moments in place. (Not a zero update either: `x + 0`
-    would turn -0.0 into 0.0. `optax.apply_if_finite` is not used: it applies the non-finite
-    update after `max_consecutive_errors` skips, zeroes the update instead of keeping the
-    state, and does not look at the loss.) The gradient is judged by its global norm, which is
-    NaN or inf exactly when some entry is (or, for finite entries, when the norm overflows
-    float32, a step no clipping could save): one reduction, also the `grad_norm` metric, instead
-    of a `[P]` boolean array per parameter (XLA:CPU reduced those through reduce-windows, 3% of
-    the base-shape update's op time).
+    `metrics["skipped"]` is 1 (a `lax.cond` around the optimizer step, so the moments are
+    updated in place).
     """
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(metrics["loss/total_avg"]) & jnp.isfinite(grad_norm)
-
-    def step(operands):
-      params, opt_state, grads, lr_scale = operands
-      updates, opt_state = self.optimizer.update(grads, opt_state, params)
-      updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
-      return optax.apply_updates(params, updates), opt_state
-
-    def skip(operands):
-      params, opt_state, _, _ = operands
-      return params, opt_state
-
-    params, opt_state = jax.lax.cond(
-        finite, step, skip, (state.params, state.opt_state, grads, state.lr_scale)
-    )
+    params, opt_state, finite, grad_norm = guarded_update(
+        self.optimizer, state.params, state.opt_state, grads,
+        loss=metrics["loss/total_avg"], lr_scale=state.lr_scale)
     metrics = {**metrics, "policy/grad_norm": grad_norm,
                "skipped": (~finite).astype(jnp.float32)}
     new_state = state.replace(
