@@ -20,7 +20,11 @@ frozen dataclass with `init=False` fields. This module adds what neither library
 * one-line errors naming the dotted key, the field and the expected type; YAML/JSON syntax
   errors with file, line and column;
 * `with_defaults`: the fields a config saved by an older version lacks, at today's defaults, so
-  that resuming such a run does not call them changed.
+  that resuming such a run does not call them changed;
+* moved keys: a config class lists the keys it no longer has in `MOVED_KEYS` (old key -> new
+  dotted key, e.g. `{"learning_rate": "optimizer.learning_rate"}`). A file or override that uses
+  an old key gets one error naming the old and the new key; `migrate_keys` moves them in a
+  config a run folder saved before the change, so the run resumes with the same meaning.
 
 Files are YAML (`.yaml`/`.yml`) or JSON (`.json`) holding a mapping of field names; missing
 fields keep their defaults. Fields with `init=False` are neither saved nor read.
@@ -218,6 +222,46 @@ def override_config(config: T, overrides: Sequence[str]) -> T:
   return config_from_dict(cls, apply_overrides(cls, config_to_dict(config), overrides))
 
 
+def migrate_keys(cls: type, data: Any) -> Any:
+  """`data` (a plain config dict, maybe written by an older version) with every key listed in
+  `cls.MOVED_KEYS` moved to its new dotted place, recursively into nested configs and the items
+  of `tuple[Dataclass, ...]` fields.
+
+  A moved key whose new place also holds a value is an error (the two could disagree). Keys
+  `cls` does not know and non-mapping values are left for `check_keys` to report.
+
+  Raises:
+    ValueError: an old key and its new key are both given.
+  """
+  if not isinstance(data, Mapping):
+    return data
+  out = dict(data)
+  for old, new in getattr(cls, "MOVED_KEYS", {}).items():
+    if old not in out:
+      continue
+    value = out.pop(old)
+    *parents, leaf = new.split(".")
+    node = out
+    for part in parents:
+      if not isinstance(node.get(part), Mapping):
+        node[part] = {}
+      node[part] = dict(node[part])
+      node = node[part]
+    if leaf in node:
+      raise ValueError(f"Config keys '{old}' and '{new}' of {cls.__name__} are both given; "
+                       f"'{old}' is the old name of '{new}': keep only '{new}'.")
+    node[leaf] = value
+  hints = _init_hints(cls)
+  for key, value in out.items():
+    if key not in hints:
+      continue
+    if (nested := _dataclass_of(hints[key])) is not None:
+      out[key] = migrate_keys(nested, value)
+    elif (item := _tuple_item_dataclass(hints[key])) is not None and isinstance(value, list):
+      out[key] = [migrate_keys(item, entry) for entry in value]
+  return out
+
+
 def with_defaults(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
   """`saved` (a plain config dict written by `config_to_dict`, maybe by an older version) with
   every `cls` field it lacks set to today's default, recursively into nested configs and the
@@ -229,7 +273,7 @@ def with_defaults(cls: type, saved: Mapping[str, Any]) -> dict[str, Any]:
   """
   if not isinstance(saved, Mapping):
     return saved
-  out = dict(saved)
+  out = dict(migrate_keys(cls, saved))
   for field in (f for f in dataclasses.fields(cls) if f.init):
     tp = _init_hints(cls)[field.name]
     if field.name not in out and field.default is not dataclasses.MISSING:
@@ -424,6 +468,11 @@ def _resolve_path(path: str | os.PathLike) -> pathlib.Path:
 
 
 def _unknown_key_message(cls: type, dotted: str, key: str, hints: Mapping[str, Any]) -> str:
+  moved = getattr(cls, "MOVED_KEYS", {})
+  if key in moved:
+    new = dotted[: len(dotted) - len(key)] + moved[key]
+    return (f"Config key '{dotted}' has moved to '{new}' ({cls.__name__}.{moved[key]}); "
+            f"write '{new}' instead.")
   valid = list(hints)
   close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
   hint = f" Did you mean '{close[0]}'?" if close else ""

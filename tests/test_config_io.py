@@ -7,22 +7,24 @@ import dataclasses
 import enum
 import json
 import pathlib
+import typing
 from typing import Literal
 
 import pytest
 import yaml
 
 from jax_ppo.config_io import (
-    apply_overrides,
-    config_from_argv,
-    config_from_dict,
-    config_to_dict,
-    load_config,
-    override_config,
-    parse_override,
-    read_config_file,
-    save_config,
-    with_defaults,
+  apply_overrides,
+  config_from_argv,
+  config_from_dict,
+  config_to_dict,
+  load_config,
+  migrate_keys,
+  override_config,
+  parse_override,
+  read_config_file,
+  save_config,
+  with_defaults,
 )
 from jax_ppo.rollout.config import SamplingConfig
 
@@ -534,3 +536,43 @@ def test_a_quickstart_folder_from_before_a_field_was_added_resumes(tmp_path):
   _check_config(smoke(), tmp_path)
   with pytest.raises(ValueError, match=r"another configuration \(hack_pair_fraction: "):
     _check_config(smoke(hack_pair_fraction=0.5), tmp_path)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Block:
+  rate: float = 0.1
+  steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Stage:
+  MOVED_KEYS: typing.ClassVar[dict[str, str]] = {"rate": "block.rate", "warmup": "block.steps"}
+  block: _Block = dataclasses.field(default_factory=_Block)
+  size: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Run:
+  stage: _Stage = dataclasses.field(default_factory=_Stage)
+  name: str = "r"
+
+
+def test_moved_keys_are_one_error_naming_the_new_key_in_files_and_overrides(tmp_path):
+  path = tmp_path / "run.yaml"
+  path.write_text("stage:\n  rate: 0.5\n")
+  with pytest.raises(ValueError, match=r"'stage.rate' has moved to 'stage.block.rate'"):
+    load_config(_Run, path)
+  with pytest.raises(ValueError, match=r"'stage.warmup' has moved to 'stage.block.steps'"):
+    load_config(_Run, None, ["stage.warmup=3"])
+
+
+def test_migrate_keys_moves_old_keys_of_a_saved_config_and_keeps_their_meaning():
+  saved = {"stage": {"rate": 0.5, "warmup": 2, "size": 3}, "name": "x"}
+  migrated = migrate_keys(_Run, saved)
+  assert migrated == {"stage": {"block": {"rate": 0.5, "steps": 2}, "size": 3}, "name": "x"}
+  assert saved["stage"]["rate"] == 0.5  # the input is not changed
+  assert config_from_dict(_Run, migrated) == _Run(stage=_Stage(block=_Block(rate=0.5, steps=2),
+                                                               size=3), name="x")
+  assert with_defaults(_Run, saved)["stage"]["block"] == {"rate": 0.5, "steps": 2}
+  with pytest.raises(ValueError, match="'rate' and 'block.rate' of _Stage are both given"):
+    migrate_keys(_Run, {"stage": {"rate": 0.5, "block": {"rate": 0.2}}})
