@@ -65,12 +65,10 @@ from jax.sharding import Mesh
 from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
-from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
-from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.parallel.placement import Placement
 from jax_ppo.ppo import perf, prompt_shards
 from jax_ppo.ppo.batch import Batch
@@ -89,6 +87,7 @@ from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer, as_scorer, decode_rollout
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
+from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import (
   CHECKPOINT_DIR,
   RunLoop,
@@ -590,10 +589,5 @@ class PPOTrainer(RunStage):
     Returns:
       The folder written.
     """
-    path = pathlib.Path(path)
-    save_pretrained(self.policy_model(), str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if (self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained")
-        and is_main_process()):
-      self.tokenizer.save_pretrained(str(path))
-    barrier(f"export {path}")
-    return path
+    return export_pretrained(self.policy_model(), path, tokenizer=self.tokenizer, dtype=dtype,
+                             max_shard_size=max_shard_size)

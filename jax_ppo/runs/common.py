@@ -26,6 +26,7 @@ from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig, resize_token_embeddings
 from jax_ppo.parallel.distributed import DistributedConfig
+from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a 
 
 
 STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
-                            "tensorboard", "progress", "distributed", "compilation_cache_dir")
+                            "tensorboard", "progress", "mesh", "distributed",
+                            "compilation_cache_dir")
 """Stage-config fields that may change between invocations of one run (they do not change what
 is computed); a difference in any other field refuses to resume."""
 
@@ -81,6 +83,11 @@ class StageRunConfig:
   """Write TensorBoard events."""
   progress: bool = True
   """Show a progress bar."""
+  mesh: MeshConfig | None = None
+  """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), as
+  `RunConfig.mesh`: e.g. `mesh.fsdp=8` shards the model and the optimizer state over 8 devices,
+  `mesh.data=-1` splits each batch's rows over every device; None: one device. A run may resume
+  on another mesh."""
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
   """Multi-host set-up, as `RunConfig.distributed` (`jax_ppo.parallel.distributed`)."""
   compilation_cache_dir: str | None = AUTO_CACHE
