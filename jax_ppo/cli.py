@@ -8,9 +8,9 @@
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
-fields (`ppo.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the same `train`
-command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a preemption)
-saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
+fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the
+same `train` command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a
+preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
 multi-host job first when the config's `distributed` fields or the environment describe one,
 `eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
 tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
@@ -36,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
   train = commands.add_parser(
       "train", help="train a policy, or resume the run in run_dir",
       description="Train (or resume) a run. CONFIG is a YAML/JSON RunConfig; key=value "
-                  "arguments override its fields, e.g. ppo.learning_rate=1e-6 preset=dialogue "
-                  "updates_per_run=100.",
+                  "arguments override its fields, e.g. ppo.optimizer.learning_rate=1e-6 "
+                  "preset=dialogue updates_per_run=100.",
   )
   train.add_argument("args", nargs="*", metavar="CONFIG | key=value")
 

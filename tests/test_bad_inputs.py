@@ -23,7 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import load_tokenizer  # noqa: E402
-from jax_ppo.ppo import PPOConfig  # noqa: E402
+from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
@@ -74,7 +74,7 @@ def files(tmp_path_factory):
       "prompts_path": str(root / "prompts.txt"), "run_dir": str(root / "run"), "save_every": 1,
       "log_samples_every": 1, "progress": False, "tensorboard": False,
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": MAX_NEW,
-              "total_updates": 2, "learning_rate": 1e-3, "temperature": 1.0},
+              "total_updates": 2, "optimizer": {"learning_rate": 1e-3}, "temperature": 1.0},
   }
   (root / "run.yaml").write_text(yaml.safe_dump(cfg))
   return root
@@ -185,12 +185,12 @@ def test_unknown_config_key_in_a_file_suggests_the_nearest(files, tmp_path, caps
 
 def test_yaml_and_json_syntax_errors_give_file_line_and_column(files, tmp_path, capsys):
   bad = tmp_path / "bad.yaml"
-  bad.write_text("run_dir: x\nppo:\n  learning_rate: 1e-3\n   batch_size: 4\n")
+  bad.write_text("run_dir: x\nppo:\n  kl_coef: 1e-3\n   batch_size: 4\n")
   assert main(["train", str(bad)]) == 2
   err = capsys.readouterr().err
   assert err == (f"jax-ppo train: error: Config file '{bad}', line 4, column 14: invalid YAML "
                  "(mapping values are not allowed here).\n")
-  bad.write_text("ppo: {learning_rate: 1e-3\n")
+  bad.write_text("ppo: {kl_coef: 1e-3\n")
   assert main(["train", str(bad)]) == 2
   assert f"Config file '{bad}', line 2, column 1: invalid YAML (while parsing a flow mapping " \
          "expected ',' or '}'" in capsys.readouterr().err
@@ -207,7 +207,9 @@ def test_yaml_and_json_syntax_errors_give_file_line_and_column(files, tmp_path, 
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("ppo.learning_rate=-1e-3", "PPOConfig.learning_rate=-0.001 is invalid: use a value > 0"),
+        ("ppo.optimizer.learning_rate=-1e-3",
+         "PPOOptimizer.learning_rate=-0.001 is invalid: use a value > 0 (1e-6 to 3e-6 for full "
+         "PPO fine-tuning)"),
         ("ppo.clip_eps=0", "PPOConfig.clip_eps=0.0 is invalid: use a value > 0 (e.g. 0.2)"),
         ("ppo.clip_eps=-0.2", "PPOConfig.clip_eps=-0.2 is invalid"),
         ("ppo.num_minibatches=3",
@@ -233,12 +235,13 @@ def test_invalid_values(files, tmp_path, capsys, override, message):
         (dict(pad_token_id=True), r"PPOConfig.pad_token_id=True is invalid"),
         (dict(stop_token_ids=(2, None)), r"PPOConfig.stop_token_ids=\(2, None\) is invalid: use "
                                          r"a tuple of token ids, ints >= 0"),
-        (dict(learning_rate=-1e-5), r"PPOConfig.learning_rate=-1e-05 is invalid"),
-        (dict(learning_rate=float("nan")), r"PPOConfig.learning_rate=nan is invalid"),
-        (dict(learning_rate="3e-6"), r"PPOConfig.learning_rate='3e-6' is invalid: use a number"),
         (dict(target_kl="x"), r"PPOConfig.target_kl='x' is invalid: use a number or None"),
         (dict(clip_eps=True), r"PPOConfig.clip_eps=True is invalid: use a number"),
-        (dict(adam_b2=1.0), r"PPOConfig.adam_b2=1.0 is invalid: use a value in \[0, 1\)"),
+        (dict(optimizer={"learning_rate": 1e-6}), r"PPOConfig.optimizer=\{'learning_rate': "
+                                                  r"1e-06\} is invalid: pass a PPOOptimizer"),
+        (dict(total_updates=1, num_minibatches=1, ppo_epochs=1,
+              optimizer=PPOOptimizer(warmup_steps=2)),
+         r"PPOConfig.optimizer=.* is invalid: its warmup_steps \(2\) exceeds the run's 1 "),
         (dict(reward_shift=float("inf")), r"PPOConfig.reward_shift=inf is invalid: use a finite"),
         (dict(clip_eps=0.0), r"PPOConfig.clip_eps=0.0 is invalid"),
         (dict(batch_size=8, num_minibatches=3), r"PPOConfig.batch_size=8 is invalid: it must be "
@@ -249,6 +252,23 @@ def test_ppo_config_refuses_bad_values_at_construction(kwargs, message):
   with pytest.raises(ValueError, match=message):
     PPOConfig(**kwargs)
   assert PPOConfig(pad_token_id=np.int64(3), stop_token_ids=(np.int32(2),)).pad_token_id == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(learning_rate=-1e-5), r"PPOOptimizer.learning_rate=-1e-05 is invalid: use a value "
+                                    r"> 0 \(1e-6 to 3e-6 for full PPO fine-tuning\)"),
+        (dict(learning_rate=float("nan")), r"PPOOptimizer.learning_rate=nan is invalid"),
+        (dict(learning_rate="3e-6"), r"PPOOptimizer.learning_rate='3e-6' is invalid: use a "
+                                     r"finite number"),
+        (dict(adam_b2=1.0), r"PPOOptimizer.adam_b2=1.0 is invalid: use a value in \[0, 1\)"),
+        (dict(lr_schedule="step"), r"PPOOptimizer.lr_schedule='step' is invalid: choose one of"),
+    ],
+)
+def test_ppo_optimizer_refuses_bad_values_at_construction(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    PPOOptimizer(**kwargs)
 
 
 # ---- model folders -------------------------------------------------------------------------------

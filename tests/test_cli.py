@@ -19,6 +19,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import from_pretrained  # noqa: E402
+from jax_ppo.ppo import PPOOptimizer  # noqa: E402
 from jax_ppo.rewards import specs  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
@@ -73,7 +74,7 @@ def files(tmp_path_factory):
       "log_samples_every": 1,
       "progress": False,
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
-              "total_updates": 4, "learning_rate": 1e-3, "temperature": 1.0},
+              "total_updates": 4, "optimizer": {"learning_rate": 1e-3}, "temperature": 1.0},
   }
   (root / "run.yaml").write_text(yaml.safe_dump(cfg))
   return root
@@ -113,9 +114,9 @@ def test_train_resume_eval_export(files, capsys):
 
   # A different configuration on the same run folder is refused; nothing is touched.
   before = (run_dir / "metrics.jsonl").read_bytes()
-  assert main([*command, "ppo.learning_rate=0.5"]) == 2
+  assert main([*command, "ppo.optimizer.learning_rate=0.5"]) == 2
   err = capsys.readouterr().err
-  assert "ppo.learning_rate: saved 0.001, now 0.5" in err and "another directory" in err
+  assert "ppo.optimizer.learning_rate: saved 0.001, now 0.5" in err and "another directory" in err
   assert (run_dir / "metrics.jsonl").read_bytes() == before
 
   out = files / "eval.json"
@@ -173,7 +174,9 @@ def test_train_resume_eval_export(files, capsys):
          "write it as 'count:<token>'"),
         (["reward_model_path=null", "reward_function=count:zebra"],
          "'zebra' is not one token of the policy's tokenizer"),
-        (["ppo.learnin_rate=1e-3"], "Did you mean 'learning_rate'?"),
+        (["ppo.optimizer.learnin_rate=1e-3"], "Did you mean 'learning_rate'?"),
+        (["ppo.learning_rate=1e-3"], "Config key 'ppo.learning_rate' has moved to "
+                                     "'ppo.optimizer.learning_rate'"),
         (["preset=poetry"], "RunConfig.preset='poetry' is invalid: choose one of"),
         (["policy_path=/nonexistent"], "RunConfig.policy_path='/nonexistent': no Hugging Face"),
         (["ppo.num_minibatches=3"], "PPOConfig.batch_size=4 is invalid"),
@@ -209,7 +212,35 @@ def test_presets_apply_below_the_file_and_the_overrides(files):
   assert cfg.ppo.entropy_coef == 0.05  # from the preset
   assert cfg.ppo.batch_size == 4  # the file beats the preset (creative: 128)
   assert cfg.ppo.clip_eps == 0.3  # the command line beats both
-  assert cfg.ppo.learning_rate == 1e-3
+  assert cfg.ppo.optimizer.learning_rate == 1e-3
+
+
+def test_a_preset_merges_key_by_key_into_the_optimizer_block(tmp_path):
+  path = tmp_path / "run.yaml"
+  path.write_text("policy_path: p\nprompts_path: q.txt\nrun_dir: r\nreward_function: length\n"
+                  "preset: creative\nppo: {optimizer: {adam_eps: 1.0e-8}}\n")
+  cfg = run_config.load_run_config([str(path)])
+  assert cfg.ppo.optimizer.adam_eps == 1e-8  # the file's
+  assert cfg.ppo.optimizer.learning_rate == 5e-6  # the preset's, kept
+  assert cfg.ppo.optimizer.lr_schedule == "linear"  # PPO's default
+  assert cfg.ppo.clip_eps == 0.1
+
+
+def test_a_run_folder_saved_with_flat_optimizer_keys_reads_with_the_same_meaning(tmp_path):
+  """A config.yaml written before the optimizer block (`ppo.learning_rate`, ...) is read by
+  `saved_run_config` (eval, export, resume) as the same run; a new file with the old key is one
+  error naming the new one."""
+  path = tmp_path / "config.yaml"
+  path.write_text("policy_path: p\nprompts_path: q.txt\nrun_dir: r\nreward_function: length\n"
+                  "ppo: {batch_size: 4, learning_rate: 1.0e-3, lr_schedule: constant, "
+                  "warmup_steps: 2, max_grad_norm: null, total_updates: 3}\n")
+  cfg = run_config.saved_run_config(tmp_path)
+  assert cfg.ppo.optimizer == PPOOptimizer(learning_rate=1e-3, lr_schedule="constant",
+                                           warmup_steps=2, max_grad_norm=None)
+  assert cfg.ppo.batch_size == 4 and cfg.ppo.total_updates == 3
+  with pytest.raises(ValueError, match="'ppo.learning_rate' has moved to "
+                                       "'ppo.optimizer.learning_rate'"):
+    run_config.load_run_config([str(path)])
 
 
 def test_prompt_files_and_builtin_rewards(files, tmp_path):

@@ -48,7 +48,7 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
 
   from jax_ppo.models.config import ModelConfig
   from jax_ppo.models.transformer import CausalLM
-  from jax_ppo.ppo.config import PPOConfig
+  from jax_ppo.ppo.config import PPOConfig, PPOOptimizer
   from jax_ppo.ppo.state import FrozenParams, init_train_state
   from jax_ppo.ppo.steps import PPOSteps
   from jax_ppo.rollout.sampler import Rollout
@@ -57,7 +57,7 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
   b, s, t = shape["batch"], shape["prompt"], shape["response"]
   config = PPOConfig(
       batch_size=b, num_minibatches=1, ppo_epochs=epochs, max_new_tokens=t, stop_token_ids=(2,),
-      pad_token_id=0, total_updates=10, lr_schedule="constant",
+      pad_token_id=0, total_updates=10, optimizer=PPOOptimizer(lr_schedule="constant"),
   )
   compute = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
 
@@ -69,7 +69,7 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
 
   policy = nnx.eval_shape(build)
   graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
-  optimizer, schedule = make_optimizer(config)
+  optimizer, schedule = make_optimizer(config.optimizer, config.total_optimizer_steps)
   steps = PPOSteps(config, policy_graphdef=graphdef, value_graphdef=None, shared_value_head=True,
                    lora=False, optimizer=optimizer, schedule=schedule)
   state = jax.eval_shape(

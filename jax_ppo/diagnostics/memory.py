@@ -77,7 +77,7 @@ def update_memory(model_config: ModelConfig, ppo_config, mesh: Mesh, *, prompt_l
   model = nnx.eval_shape(build)
   with layer_loop(model, c.train_scan_layers):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  optimizer, schedule = make_optimizer(c)
+  optimizer, schedule = make_optimizer(c.optimizer, c.total_optimizer_steps)
   steps = PPOSteps(c, policy_graphdef=graphdef, value_graphdef=None,
                    shared_value_head=c.uses_critic, lora=False, optimizer=optimizer,
                    schedule=schedule, mesh=mesh)

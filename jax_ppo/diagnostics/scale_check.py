@@ -85,7 +85,7 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
 
   from jax_ppo.models.config import ModelConfig
   from jax_ppo.models.transformer import CausalLM
-  from jax_ppo.ppo import PPOConfig
+  from jax_ppo.ppo import PPOConfig, PPOOptimizer
   from jax_ppo.ppo.state import FrozenParams, init_train_state
   from jax_ppo.ppo.steps import PPOSteps
   from jax_ppo.rollout.sampler import Rollout
@@ -103,14 +103,15 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
   config = PPOConfig(
       batch_size=batch_size, num_minibatches=1, ppo_epochs=ppo_epochs,
       max_new_tokens=max_new_tokens,
-      temperature=1.0, stop_token_ids=(stop,), pad_token_id=pad, learning_rate=3e-3,
-      lr_schedule="constant", kl_coef=0.05, vf_coef=0.5, total_updates=4, reward_clip=None,
+      temperature=1.0, stop_token_ids=(stop,), pad_token_id=pad,
+      optimizer=PPOOptimizer(learning_rate=3e-3, lr_schedule="constant"), kl_coef=0.05,
+      vf_coef=0.5, total_updates=4, reward_clip=None,
       seed=seed,
   )
   policy = CausalLM(model, rngs=nnx.Rngs(seed))
   policy.add_value_head()
   graphdef, params, rest = nnx.split(policy, nnx.Param, ...)
-  optimizer, schedule = make_optimizer(config)
+  optimizer, schedule = make_optimizer(config.optimizer, config.total_optimizer_steps)
   make_steps = functools.partial(
       PPOSteps, config, policy_graphdef=graphdef, value_graphdef=None, shared_value_head=True,
       lora=False, optimizer=optimizer, schedule=schedule)

@@ -12,7 +12,7 @@ presets and the hyperparameter guide), `eval_metrics`, `perf` (MFU).
 """
 
 from jax_ppo.ppo.batch import Batch
-from jax_ppo.ppo.config import ADVANTAGE_MODES, PPOConfig
+from jax_ppo.ppo.config import ADVANTAGE_MODES, PPOConfig, PPOOptimizer
 from jax_ppo.ppo.state import FrozenParams, TrainState, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.ppo.trainer import PPOTrainer
@@ -22,6 +22,7 @@ __all__ = [
     "Batch",
     "FrozenParams",
     "PPOConfig",
+    "PPOOptimizer",
     "PPOSteps",
     "PPOTrainer",
     "TrainState",

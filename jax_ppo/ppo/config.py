@@ -10,14 +10,41 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import ClassVar
 
 from jax_ppo.core import KL_ESTIMATORS
 from jax_ppo.core._checks import REDUCTIONS
-from jax_ppo.training.optim import LR_SCHEDULES
+from jax_ppo.training.optim import OptimizerConfig
 
 ADVANTAGE_MODES = ("gae", "grpo", "rloo", "reinforce++")
 KL_CONTROLLERS = ("fixed", "adaptive", "multiplicative")
 GRPO_SCALES = ("group", "batch", "none")
+
+
+OPTIMIZER_FIELDS = ("learning_rate", "lr_schedule", "warmup_steps", "adam_eps", "adam_b1",
+                    "adam_b2", "weight_decay", "max_grad_norm")
+"""The optimizer fields `PPOConfig` held flat before they moved into `PPOConfig.optimizer`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPOOptimizer(OptimizerConfig):
+  """PPO's optimizer block (`PPOConfig.optimizer`): `OptimizerConfig` with PPO's defaults
+  (docs/rlhf_details.md item 17): a peak learning rate of 3e-6 decayed linearly to 0 and
+  PyTorch-PPO's Adam epsilon 1e-5.
+
+  `max_grad_norm` clips one global norm over the policy's and the critic's gradients, or one per
+  model when the critic runs on a sub-mesh of its own (`RunConfig.placement.critic`,
+  `jax_ppo.ppo.placed_critic`).
+  """
+
+  learning_rate: float = 3e-6
+  """Peak learning rate of AdamW (reached after the warm-up)."""
+  lr_schedule: str = "linear"
+  """"constant", "linear" (decay to 0) or "cosine" (to 0), after the warm-up."""
+  adam_eps: float = 1e-5
+  """AdamW's epsilon (PyTorch-style PPO; item 17)."""
+
+  LR_HINT = "1e-6 to 3e-6 for full PPO fine-tuning"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,20 +146,9 @@ class PPOConfig:
   """Stop the remaining epochs of an update once the epoch's mean approximate KL exceeds this."""
 
   # --- optimisation (item 17) ---
-  learning_rate: float = 3e-6
-  """Peak learning rate of AdamW."""
-  lr_schedule: str = "linear"
-  """"constant", "linear" (decay to 0) or "cosine" (to 0), after warm-up."""
-  warmup_steps: int = 0
-  """Optimizer steps of linear warm-up."""
-  adam_eps: float = 1e-5
-  """AdamW epsilon (PyTorch-style; item 17)."""
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  weight_decay: float = 0.0
-  max_grad_norm: float | None = 1.0
-  """Clip gradients by global norm (None disables): one norm over the policy and critic, or one
-  per model when the critic runs on a sub-mesh of its own (`RunConfig.placement.critic`)."""
+  optimizer: PPOOptimizer = dataclasses.field(default_factory=PPOOptimizer)
+  """AdamW, its clip and its schedule over `total_optimizer_steps` (`PPOOptimizer`; e.g.
+  `ppo.optimizer.learning_rate=1e-6` on the command line)."""
   max_consecutive_skips: int | None = 5
   """An optimizer step whose loss or gradient is NaN/inf is skipped (parameters and optimizer
   state unchanged, counted in the `skipped_updates` metric); after this many consecutive
@@ -159,6 +175,9 @@ class PPOConfig:
   seed: int = 0
   """Seed of the run (sampling keys, shuffles, model init)."""
 
+  MOVED_KEYS: ClassVar[dict[str, str]] = {f: f"optimizer.{f}" for f in OPTIMIZER_FIELDS}
+  """Old flat optimizer keys -> their place in the `optimizer` block (`jax_ppo.config_io`)."""
+
   def __post_init__(self):
     def bad(field: str, fix: str):
       raise ValueError(f"PPOConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
@@ -180,7 +199,6 @@ class PPOConfig:
     for field, choices in (
         ("advantage_mode", ADVANTAGE_MODES),
         ("kl_controller", KL_CONTROLLERS),
-        ("lr_schedule", LR_SCHEDULES),
         ("kl_estimator", KL_ESTIMATORS),
         ("kl_loss_estimator", KL_ESTIMATORS),
         ("loss_reduction", REDUCTIONS),
@@ -232,36 +250,28 @@ class PPOConfig:
       value = getattr(self, field)
       if value is not None and not isinstance(value, bool):
         bad(field, "use True (lax.scan), False (unrolled) or None (the model's setting)")
-    for field in ("kl_coef", "vf_coef", "entropy_coef", "length_penalty", "weight_decay"):
+    for field in ("kl_coef", "vf_coef", "entropy_coef", "length_penalty"):
       if not getattr(self, field) >= 0:
         bad(field, "use a value >= 0")
     if self.entropy_coef_final is not None and not self.entropy_coef_final >= 0:
       bad("entropy_coef_final", "use a value >= 0 or None")
     if not self.kl_target > 0:
       bad("kl_target", "use a value > 0")
-    if not self.learning_rate > 0:
-      bad("learning_rate", "use a value > 0 (1e-6 to 3e-6 for full PPO fine-tuning)")
-    if not self.adam_eps > 0:
-      bad("adam_eps", "use a value > 0 (1e-5)")
-    for field in ("adam_b1", "adam_b2"):
-      if not 0 <= getattr(self, field) < 1:
-        bad(field, "use a value in [0, 1) (0.9 and 0.999 are the usual ones)")
     for field in ("reward_shift", "missing_eos_penalty"):
       value = getattr(self, field)
       if value is not None and not math.isfinite(value):
         bad(field, "use a finite number")
-    if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-      bad("max_grad_norm", "use a value > 0 or None")
     if self.reward_clip is not None and not self.reward_clip > 0:
       bad("reward_clip", "use a value > 0 or None")
     if not self.reward_scale > 0:
       bad("reward_scale", "use a value > 0")
     if self.target_kl is not None and not self.target_kl > 0:
       bad("target_kl", "use a value > 0 or None")
-    if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-      bad("warmup_steps", "use an int >= 0")
-    if self.warmup_steps > self.total_optimizer_steps:
-      bad("warmup_steps", f"it exceeds the run's {self.total_optimizer_steps} optimizer steps")
+    if not isinstance(self.optimizer, OptimizerConfig):
+      bad("optimizer", "pass a PPOOptimizer (jax_ppo.ppo.config)")
+    if self.optimizer.warmup_steps > self.total_optimizer_steps:
+      bad("optimizer", f"its warmup_steps ({self.optimizer.warmup_steps}) exceeds the run's "
+                       f"{self.total_optimizer_steps} optimizer steps")
     for field in ("replay_buffer_size", "replay_batches_per_update"):
       value = getattr(self, field)
       if not isinstance(value, int) or value < 0:

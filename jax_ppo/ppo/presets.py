@@ -1,10 +1,12 @@
 """Scenario presets and a hyperparameter guide for PPO fine-tuning of language models.
 
-`PRESETS` maps a scenario to the trainer-config fields practitioners' articles change for it
-(dialogue, knowledge QA, creative writing); `preset_overrides(name)` returns a fresh copy to pass
-as keyword overrides to `PPOConfig`. `HYPERPARAMETER_GUIDE` is a table of recommended ranges,
-defaults and one-line advice keyed by `PPOConfig` field names; `check_against_guide(values)` turns
-out-of-range values into advice and `format_guide()` renders the table as Markdown for the
+`PRESETS` maps a scenario to the `PPOConfig` fields practitioners' articles change for it
+(dialogue, knowledge QA, creative writing), by dotted key (`optimizer.learning_rate` is the
+learning rate of the `optimizer` block); `preset_overrides(name)` returns them as a fresh nested
+dict, the shape of a config file's `ppo` section (`jax_ppo.runs.ppo_config.load_run_config`
+merges it under the file's values, key by key). `HYPERPARAMETER_GUIDE` is a table of recommended
+ranges, defaults and one-line advice keyed by dotted `PPOConfig` keys; `check_against_guide(values)`
+turns out-of-range values into advice and `format_guide()` renders the table as Markdown for the
 README.
 
 Sources: the N+ implementation details of RLHF with PPO (Huang et al. 2024), TRL's PPO defaults,
@@ -22,17 +24,20 @@ from typing import Any, NamedTuple
 PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
     {
         "dialogue": types.MappingProxyType(
-            {"clip_eps": 0.15, "learning_rate": 3e-6, "batch_size": 64, "entropy_coef": 0.03}
+            {"clip_eps": 0.15, "optimizer.learning_rate": 3e-6,
+             "batch_size": 64, "entropy_coef": 0.03}
         ),
         "knowledge_qa": types.MappingProxyType(
-            {"clip_eps": 0.2, "learning_rate": 1e-6, "batch_size": 32, "entropy_coef": 0.01}
+            {"clip_eps": 0.2, "optimizer.learning_rate": 1e-6,
+             "batch_size": 32, "entropy_coef": 0.01}
         ),
         "creative": types.MappingProxyType(
-            {"clip_eps": 0.1, "learning_rate": 5e-6, "batch_size": 128, "entropy_coef": 0.05}
+            {"clip_eps": 0.1, "optimizer.learning_rate": 5e-6,
+             "batch_size": 128, "entropy_coef": 0.05}
         ),
     }
 )
-"""Scenario name -> trainer-config field overrides (read-only).
+"""Scenario name -> `PPOConfig` values by dotted key (read-only).
 
 * `dialogue`: moderate clipping and some entropy to keep replies varied.
 * `knowledge_qa`: small, careful updates (low lr, little entropy) so facts are not forgotten.
@@ -40,8 +45,38 @@ PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
 """
 
 
+LORA_SCALED = "optimizer.learning_rate"
+"""The guide's key whose range is 10x higher for LoRA adapters."""
+
+
+def nest(dotted: Mapping[str, Any]) -> dict[str, Any]:
+  """`{"a.b": 1, "c": 2}` -> `{"a": {"b": 1}, "c": 2}` (a config file's nesting)."""
+  out: dict[str, Any] = {}
+  for key, value in dotted.items():
+    *parents, leaf = key.split(".")
+    node = out
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return out
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """`{"a": {"b": 1}, "c": 2}` -> `{"a.b": 1, "c": 2}`; nested dataclasses count as mappings."""
+  out = {}
+  for key, value in values.items():
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+      value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+      out.update(flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
 def preset_overrides(name: str) -> dict[str, Any]:
-  """The config-field overrides of a scenario preset, as a new dict.
+  """The values of a scenario preset as a new nested dict (the shape of a `ppo` section:
+  `{"clip_eps": 0.15, "optimizer": {"learning_rate": 3e-6}, ...}`).
 
   Args:
     name: one of `PRESETS` ("dialogue", "knowledge_qa", "creative").
@@ -51,7 +86,7 @@ def preset_overrides(name: str) -> dict[str, Any]:
   """
   if name not in PRESETS:
     raise ValueError(f"Unknown preset {name!r}; available presets: {', '.join(sorted(PRESETS))}.")
-  return dict(PRESETS[name])
+  return nest(PRESETS[name])
 
 
 class GuideEntry(NamedTuple):
@@ -69,7 +104,7 @@ class GuideEntry(NamedTuple):
 
 HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
     {
-        "learning_rate": GuideEntry(
+        "optimizer.learning_rate": GuideEntry(
             1e-6,
             5e-6,
             3e-6,
@@ -162,7 +197,7 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
             "Sampling temperature, used for old, new and reference log-probs too; below 0.7 "
             "exploration suffers.",
         ),
-        "max_grad_norm": GuideEntry(
+        "optimizer.max_grad_norm": GuideEntry(
             0.5,
             1.0,
             1.0,
@@ -170,15 +205,15 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
         ),
     }
 )
-"""Config field -> recommended range, default and advice (PPO fine-tuning of LLMs)."""
+"""Dotted `PPOConfig` key -> recommended range, default and advice (PPO fine-tuning of LLMs)."""
 
 
 def _values_of(values: Mapping[str, Any] | Any) -> Mapping[str, Any]:
   if dataclasses.is_dataclass(values) and not isinstance(values, type):
-    return {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
+    return flatten({f.name: getattr(values, f.name) for f in dataclasses.fields(values)})
   if not isinstance(values, Mapping):
     raise TypeError(f"values must be a mapping or a dataclass instance, got {type(values)}")
-  return values
+  return flatten(values)
 
 
 def _fmt(value: float) -> str:
@@ -199,8 +234,9 @@ def check_against_guide(values: Mapping[str, Any] | Any, *, lora: bool = False) 
   """Advice for each value outside the guide's recommended range.
 
   Args:
-    values: field -> value, or a config dataclass instance. Fields missing from the guide,
-      `None` and non-numeric values are ignored.
+    values: dotted key -> value, a nested mapping (a `ppo` section) or a config dataclass
+      instance (`PPOConfig`). Keys missing from the guide, `None` and non-numeric values are
+      ignored.
     lora: the run trains LoRA adapters, which take a learning rate about 10x higher.
 
   Returns:
@@ -214,14 +250,14 @@ def check_against_guide(values: Mapping[str, Any] | Any, *, lora: bool = False) 
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
       continue
     low, high = entry.low, entry.high
-    if field == "learning_rate" and lora:
+    if field == LORA_SCALED and lora:
       low, high = 10 * low, 10 * high
     if math.isnan(value) or value < low or value > high:
       where = "below" if value < low else "above" if value > high else "outside"
       span = _span(low, high, "..")
       advice.append(
           f"{field}={_fmt(value)} is {where} the recommended {span}"
-          f"{' (LoRA)' if field == 'learning_rate' and lora else ''}: {entry.advice}"
+          f"{' (LoRA)' if field == LORA_SCALED and lora else ''}: {entry.advice}"
       )
   batch, minibatches = values.get("batch_size"), values.get("num_minibatches")
   if isinstance(batch, int) and isinstance(minibatches, int) and minibatches > 0:

@@ -206,7 +206,7 @@ class PPOTrainer(RunStage):
     )
     if mesh is not None:
       self.frozen = place_frozen(self.frozen, self.placement, self.scorer)
-    self.optimizer, self.schedule = make_optimizer(c)
+    self.optimizer, self.schedule = make_optimizer(c.optimizer, c.total_optimizer_steps)
     self.steps = placed_steps(PPOSteps(
         c,
         policy_graphdef=self.policy_graphdef,

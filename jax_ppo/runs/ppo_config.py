@@ -22,6 +22,7 @@ from jax_ppo.config_io import (
     apply_overrides,
     check_keys,
     config_from_dict,
+    migrate_keys,
     read_config_file,
 )
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, LoRAConfig
@@ -29,8 +30,8 @@ from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
-from jax_ppo.training.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
+from jax_ppo.training.monitor import MonitorConfig
 from jax_ppo.runs.common import DTYPES
 from jax_ppo.rewards.specs import (
     MODULE_REWARD,
@@ -258,7 +259,9 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
   """A `RunConfig` from at most one YAML/JSON file and `key=value` overrides.
 
   Precedence, lowest first: `PPOConfig` defaults, the `preset`'s values, the file, the overrides
-  (e.g. `["configs/run.yaml", "ppo.learning_rate=1e-6", "preset=dialogue"]`).
+  (e.g. `["configs/run.yaml", "ppo.optimizer.learning_rate=1e-6", "preset=dialogue"]`); the
+  preset's values are merged key by key (a file's `ppo.optimizer.adam_eps` keeps a preset's
+  `optimizer.learning_rate`).
 
   Raises:
     ValueError: unknown keys, bad values or an unknown preset (naming the key).
@@ -271,7 +274,23 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
   data = read_config_file(files[0]) if files else {}
   if files:
     check_keys(RunConfig, data, source=f"Config file {files[0]!r}")
-  data = apply_overrides(RunConfig, data, overrides)
+  return _with_preset(apply_overrides(RunConfig, data, overrides))
+
+
+def merge_nested(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+  """`base` updated by `over`, key by key into nested mappings: `merge_nested({"optimizer":
+  {"learning_rate": 1e-6}}, {"optimizer": {"adam_eps": 1e-8}})` keeps both values."""
+  out = dict(base)
+  for key, value in over.items():
+    if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+      out[key] = merge_nested(out[key], value)
+    else:
+      out[key] = value
+  return out
+
+
+def _with_preset(data: dict[str, Any]) -> RunConfig:
+  """The `RunConfig` of `data` with its `preset`'s values under the `ppo` section's."""
   preset = data.get("preset")
   if preset is not None:
     if preset not in PRESETS:
@@ -280,12 +299,16 @@ def load_run_config(argv: Sequence[str]) -> RunConfig:
     ppo = data.get("ppo") or {}
     if not isinstance(ppo, Mapping):
       raise ValueError(f"Config key 'ppo' must be a mapping of PPOConfig fields, got {ppo!r}.")
-    data = {**data, "ppo": {**preset_overrides(preset), **ppo}}
+    data = {**data, "ppo": merge_nested(preset_overrides(preset), ppo)}
   return config_from_dict(RunConfig, data)
 
 
 def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
-  """The `RunConfig` a run folder was trained with (its `config.yaml`)."""
+  """The `RunConfig` a run folder was trained with (its `config.yaml`).
+
+  A folder written before a key moved (`PPOConfig.MOVED_KEYS`: e.g. `ppo.learning_rate`, now
+  `ppo.optimizer.learning_rate`) reads with the same meaning (`jax_ppo.config_io.migrate_keys`).
+  """
   if not pathlib.Path(run_dir).is_dir():
     raise FileNotFoundError(
         f"Run folder {str(run_dir)!r} does not exist; pass the run_dir of a `jax-ppo train` run."
@@ -296,4 +319,6 @@ def saved_run_config(run_dir: str | os.PathLike) -> RunConfig:
         f"{str(run_dir)!r} has no {CONFIG_FILENAME}; pass the run folder written by "
         "`jax-ppo train` (RunConfig.run_dir)."
     )
-  return load_run_config([str(path)])
+  data = migrate_keys(RunConfig, read_config_file(path))
+  check_keys(RunConfig, data, source=f"Config file {str(path)!r}")
+  return _with_preset(data)

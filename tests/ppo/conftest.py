@@ -5,7 +5,7 @@ import numpy as np
 
 from jax_ppo.data import PromptDataset
 from jax_ppo.models.config import ModelConfig
-from jax_ppo.ppo import PPOConfig
+from jax_ppo.ppo import PPOConfig, PPOOptimizer
 
 EOS, PAD, TARGET = 2, 0, 7
 MODEL = ModelConfig(
@@ -14,7 +14,8 @@ MODEL = ModelConfig(
 )
 CONFIG = PPOConfig(
     batch_size=8, num_minibatches=2, ppo_epochs=2, max_new_tokens=6, temperature=1.0,
-    stop_token_ids=(EOS,), pad_token_id=PAD, learning_rate=3e-3, lr_schedule="constant",
+    stop_token_ids=(EOS,), pad_token_id=PAD,
+    optimizer=PPOOptimizer(learning_rate=3e-3, lr_schedule="constant"),
     kl_coef=0.01, vf_coef=0.5, total_updates=40, reward_clip=None,
 )
 

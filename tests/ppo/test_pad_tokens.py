@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.models import PadTokenError  # noqa: E402
-from jax_ppo.ppo import PPOConfig  # noqa: E402
+from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
@@ -44,7 +44,7 @@ def folders(tmp_path_factory):
 
 def _config(root, **kwargs):
   ppo = dict(batch_size=4, num_minibatches=1, ppo_epochs=1, max_new_tokens=4, total_updates=2,
-             learning_rate=1e-3)
+             optimizer=PPOOptimizer(learning_rate=1e-3))
   return run_config.RunConfig(
       policy_path=str(root / "policy"), reward_model_path=str(root / "reward"),
       prompts_path=str(root / "prompts.txt"), run_dir=str(root / kwargs.pop("name", "run")),

@@ -21,5 +21,6 @@ def test_gae_and_value_loss_defaults_are_the_documented_ones():
 def test_optimizer_defaults_are_the_documented_ones():
   c = PPOConfig()
   # Item 17: PyTorch-style AdamW eps, linear decay to 0, global-norm clipping at 1.0.
-  assert (c.adam_eps, c.lr_schedule, c.max_grad_norm) == (1e-5, "linear", 1.0)
-  assert 1e-6 <= c.learning_rate <= 3e-6
+  o = c.optimizer
+  assert (o.adam_eps, o.lr_schedule, o.max_grad_norm) == (1e-5, "linear", 1.0)
+  assert 1e-6 <= o.learning_rate <= 3e-6

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from jax_ppo.config_io import config_from_dict
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.presets import (
   HYPERPARAMETER_GUIDE,
@@ -14,28 +15,29 @@ from jax_ppo.ppo.presets import (
   check_against_guide,
   format_guide,
   format_presets,
+  nest,
   preset_overrides,
 )
 
-PRESET_FIELDS = {"clip_eps", "learning_rate", "batch_size", "entropy_coef"}
+PRESET_FIELDS = {"clip_eps", "optimizer", "batch_size", "entropy_coef"}
 
 
 def test_presets_match_the_articles():
   assert preset_overrides("dialogue") == {
       "clip_eps": 0.15,
-      "learning_rate": 3e-6,
+      "optimizer": {"learning_rate": 3e-6},
       "batch_size": 64,
       "entropy_coef": 0.03,
   }
   assert preset_overrides("knowledge_qa") == {
       "clip_eps": 0.2,
-      "learning_rate": 1e-6,
+      "optimizer": {"learning_rate": 1e-6},
       "batch_size": 32,
       "entropy_coef": 0.01,
   }
   assert preset_overrides("creative") == {
       "clip_eps": 0.1,
-      "learning_rate": 5e-6,
+      "optimizer": {"learning_rate": 5e-6},
       "batch_size": 128,
       "entropy_coef": 0.05,
   }
@@ -67,7 +69,7 @@ def test_unknown_preset_lists_the_available_ones():
 
 def test_guide_covers_the_required_fields():
   required = {
-      "learning_rate",
+      "optimizer.learning_rate",
       "clip_eps",
       "kl_coef",
       "entropy_coef",
@@ -78,7 +80,7 @@ def test_guide_covers_the_required_fields():
       "batch_size",
       "num_minibatches",
       "temperature",
-      "max_grad_norm",
+      "optimizer.max_grad_norm",
       "target_kl",
       "kl_target",
   }
@@ -87,7 +89,7 @@ def test_guide_covers_the_required_fields():
     assert isinstance(entry, GuideEntry)
     assert entry.default is None or entry.low <= entry.default <= entry.high, field
     assert entry.advice and "\n" not in entry.advice and "|" not in entry.advice, field
-  assert HYPERPARAMETER_GUIDE["learning_rate"][:2] == (1e-6, 5e-6)
+  assert HYPERPARAMETER_GUIDE["optimizer.learning_rate"][:2] == (1e-6, 5e-6)
   assert HYPERPARAMETER_GUIDE["clip_eps"][:2] == (0.1, 0.3)
   assert HYPERPARAMETER_GUIDE["kl_coef"][:2] == (0.01, 0.2)
   assert HYPERPARAMETER_GUIDE["gamma"][:3] == (1.0, 1.0, 1.0)
@@ -104,11 +106,12 @@ def test_nan_is_out_of_range():
 
 def test_out_of_range_values_get_advice():
   advice = check_against_guide(
-      {"learning_rate": 1e-4, "clip_eps": 0.05, "gamma": 0.99, "ppo_epochs": 8, "seed": 3}
+      {"optimizer": {"learning_rate": 1e-4}, "clip_eps": 0.05, "gamma": 0.99, "ppo_epochs": 8,
+       "seed": 3}
   )
   assert len(advice) == 4
   lr, clip, gamma, epochs = advice
-  assert lr.startswith("learning_rate=0.0001 is above the recommended 1e-6..5e-6")
+  assert lr.startswith("optimizer.learning_rate=0.0001 is above the recommended 1e-6..5e-6")
   assert "LoRA" in lr
   assert clip.startswith("clip_eps=0.05 is below the recommended 0.1..0.3")
   assert gamma.startswith("gamma=0.99 is below the recommended 1.0:")
@@ -116,9 +119,9 @@ def test_out_of_range_values_get_advice():
 
 
 def test_lora_widens_the_learning_rate_range():
-  assert check_against_guide({"learning_rate": 3e-5}, lora=True) == []
-  assert check_against_guide({"learning_rate": 3e-5}) != []
-  assert "(LoRA)" in check_against_guide({"learning_rate": 1e-3}, lora=True)[0]
+  assert check_against_guide({"optimizer.learning_rate": 3e-5}, lora=True) == []
+  assert check_against_guide({"optimizer.learning_rate": 3e-5}) != []
+  assert "(LoRA)" in check_against_guide({"optimizer.learning_rate": 1e-3}, lora=True)[0]
 
 
 def test_none_and_non_numeric_values_are_ignored():
@@ -136,13 +139,18 @@ def test_minibatches_must_divide_batch():
 
 def test_accepts_a_config_dataclass():
   @dataclasses.dataclass(frozen=True, kw_only=True)
-  class Config:
+  class Optimizer:
     learning_rate: float = 1e-2
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class Config:
+    optimizer: Optimizer = dataclasses.field(default_factory=Optimizer)
+    clip_eps: float = 0.2
     name: str = "x"
 
-  assert [a.split("=")[0] for a in check_against_guide(Config())] == ["learning_rate"]
+  assert [a.split("=")[0] for a in check_against_guide(Config())] == ["optimizer.learning_rate"]
   with pytest.raises(TypeError):
-    check_against_guide([("learning_rate", 1.0)])
+    check_against_guide([("optimizer.learning_rate", 1.0)])
 
 
 def test_format_guide_is_a_markdown_table_with_a_row_per_field():
@@ -152,24 +160,30 @@ def test_format_guide_is_a_markdown_table_with_a_row_per_field():
   assert lines[1] == "| --- | --- | --- | --- |"
   assert len(lines) == 2 + len(HYPERPARAMETER_GUIDE)
   assert all(line.startswith("| `") and line.count("|") == 5 for line in lines[2:])
-  assert "| `learning_rate` | 1e-6 to 5e-6 | 3e-6 |" in table
+  assert "| `optimizer.learning_rate` | 1e-6 to 5e-6 | 3e-6 |" in table
   assert "| `gamma` | 1.0 | 1.0 |" in table
   assert "| `ppo_epochs` | 1 to 4 | 4 |" in table
   assert "| `target_kl` | 0.01 to 0.1 | None (off) |" in table
 
 
 def test_presets_and_guide_use_trainer_config_fields():
-  """Preset overrides build a valid PPOConfig and every guide row names one of its fields."""
+  """Preset overrides build a valid PPOConfig and every guide row names one of its (dotted)
+  fields."""
+  def get(config, dotted):
+    for part in dotted.split("."):
+      config = getattr(config, part)
+    return config
+
   for name in PRESETS:
-    config = PPOConfig(**preset_overrides(name))
-    assert all(getattr(config, k) == v for k, v in PRESETS[name].items())
-  fields = {f.name for f in dataclasses.fields(PPOConfig)}
-  assert set(HYPERPARAMETER_GUIDE) <= fields
+    config = config_from_dict(PPOConfig, preset_overrides(name))
+    assert all(get(config, k) == v for k, v in PRESETS[name].items())
   defaults = {k: e.default for k, e in HYPERPARAMETER_GUIDE.items()}
-  assert check_against_guide(PPOConfig(**defaults)) == []
+  config = config_from_dict(PPOConfig, nest(defaults))
+  assert {k: get(config, k) for k in HYPERPARAMETER_GUIDE} == defaults
+  assert check_against_guide(config) == []
 
 
 def test_format_presets():
   table = format_presets()
   assert table.splitlines()[0] == "| Field | `dialogue` | `knowledge_qa` | `creative` |"
-  assert "| `learning_rate` | 3e-6 | 1e-6 | 5e-6 |" in table
+  assert "| `optimizer.learning_rate` | 3e-6 | 1e-6 | 5e-6 |" in table

@@ -125,7 +125,8 @@ def test_returns_are_raw_advantages_plus_values_before_whitening():
 
 
 def test_minibatches_are_reshuffled_every_epoch_and_use_every_row_once():
-  config = dataclasses.replace(CONFIG, ppo_epochs=4, num_minibatches=2, learning_rate=1e-9,
+  config = dataclasses.replace(CONFIG, ppo_epochs=4, num_minibatches=2,
+                               optimizer=dataclasses.replace(CONFIG.optimizer, learning_rate=1e-9),
                                whiten_advantages=True)
   trainer = _trainer(config)
   steps = trainer.steps

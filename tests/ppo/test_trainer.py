@@ -21,6 +21,11 @@ def _config(**kwargs):
   return dataclasses.replace(CONFIG, **kwargs)
 
 
+def _lr(learning_rate: float):
+  """`CONFIG`'s optimizer block at another learning rate."""
+  return dataclasses.replace(CONFIG.optimizer, learning_rate=learning_rate)
+
+
 def _trainer(config, policy=None, **kwargs):
   policy = policy if policy is not None else CausalLM(MODEL, rngs=nnx.Rngs(0))
   return PPOTrainer(
@@ -62,7 +67,7 @@ def test_every_advantage_mode_learns(mode):
 def test_lora_trains_adapters_only_with_base_as_reference():
   policy = add_lora(CausalLM(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=4, alpha=8),
                     rngs=nnx.Rngs(1))
-  trainer = _trainer(_config(learning_rate=1e-2), policy=policy)
+  trainer = _trainer(_config(optimizer=_lr(1e-2)), policy=policy)
   base_before = jax.tree.map(np.asarray, trainer.frozen.policy_rest)
   assert trainer.frozen.ref is None  # no second copy of the weights
   history = [trainer.step() for _ in range(3)]
@@ -136,7 +141,7 @@ def test_gradient_accumulation_is_normalised_by_the_minibatch_token_count():
 
 
 def test_target_kl_stops_the_remaining_epochs():
-  trainer = _trainer(_config(ppo_epochs=4, target_kl=1e-9, learning_rate=1e-2))
+  trainer = _trainer(_config(ppo_epochs=4, target_kl=1e-9, optimizer=_lr(1e-2)))
   m = trainer.step()
   assert m["policy/early_stopped"] == 1.0
   assert m["policy/epochs_run"] == 1.0
@@ -144,7 +149,7 @@ def test_target_kl_stops_the_remaining_epochs():
 
 def test_adaptive_kl_controller_moves_the_coefficient():
   trainer = _trainer(_config(kl_controller="adaptive", kl_coef=0.2, kl_target=1e-3,
-                             kl_horizon=10, learning_rate=1e-2))
+                             kl_horizon=10, optimizer=_lr(1e-2)))
   coefs = [trainer.step()["kl_coef"] for _ in range(4)]
   assert coefs[0] == pytest.approx(0.2)
   assert coefs[-1] > coefs[0]  # KL above target -> beta grows
@@ -197,7 +202,7 @@ def test_python_reward_function_and_bad_reward_values():
         ({"stop_token_ids": (0,), "pad_token_id": 0}, "pad_token_id"),
         ({"kl_estimator": "k4"}, "kl_estimator"),
         ({"dual_clip": 0.5}, "dual_clip"),
-        ({"learning_rate": -1.0}, "learning_rate"),
+        ({"optimizer": {"learning_rate": 1e-6}}, "optimizer"),
         ({"replay_batches_per_update": 2, "replay_buffer_size": 1}, "replay_batches_per_update"),
         ({"train_scan_layers": "unroll"}, "train_scan_layers"),
     ],

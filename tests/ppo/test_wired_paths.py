@@ -292,7 +292,8 @@ def test_kl_loss_and_entropy_schedule_through_experience_then_update():
 def test_entropy_coefficient_follows_its_schedule_and_weights_the_loss():
   c0, total = 2.0, 4
   config = dataclasses.replace(ONE_STEP, entropy_coef=c0, entropy_coef_final=0.0,
-                               total_updates=total, learning_rate=3e-2)
+                               total_updates=total, optimizer=dataclasses.replace(
+                                   ONE_STEP.optimizer, learning_rate=3e-2))
   trainer = _trainer(config)
   rollout, raw = _hand_rollout(), jnp.asarray(RAW_SCORES)
   # A policy far from uniform (the random init is close to it: entropy ~ log V), so that one

@@ -108,10 +108,12 @@ def test_resuming_with_another_config_names_the_fields_and_keeps_everything(tmp_
     trainer.train(1)
   before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
-  changed = dataclasses.replace(CONFIG, learning_rate=1e-3, ppo_epochs=1)
-  with pytest.raises(CheckpointConfigMismatch, match="learning_rate: saved 0.003, now 0.001") as e:
+  changed = dataclasses.replace(
+      CONFIG, optimizer=dataclasses.replace(CONFIG.optimizer, learning_rate=1e-3), ppo_epochs=1)
+  with pytest.raises(CheckpointConfigMismatch,
+                     match="optimizer.learning_rate: saved 0.003, now 0.001") as e:
     _trainer(config=changed, run_dir=tmp_path, run_options=opts)
-  assert [d[0] for d in e.value.differences] == ["learning_rate", "ppo_epochs"]
+  assert [d[0] for d in e.value.differences] == ["optimizer.learning_rate", "ppo_epochs"]
   after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
   assert after == before  # nothing deleted, truncated or overwritten
 
@@ -160,7 +162,7 @@ def test_rollback_on_collapse_restores_the_last_good_checkpoint(tmp_path, caplog
   jax.tree.map(np.testing.assert_array_equal, snapshots[4][0], snapshots[6][0])
   assert trainer.rollbacks == 1 and float(trainer.state.lr_scale) == 0.5
   assert not trainer.monitor.collapsed
-  lr = CONFIG.learning_rate
+  lr = CONFIG.optimizer.learning_rate
   assert history[4]["lr"] == pytest.approx(lr) and history[-1]["lr"] == pytest.approx(lr / 2)
   assert "rolled back to the checkpoint of step 4" in caplog.text
   logged = _jsonl(tmp_path / "metrics.jsonl")

@@ -33,7 +33,7 @@ from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
-from jax_ppo.ppo import PPOConfig, PPOTrainer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
 from jax_ppo.ppo.placed_critic import split_state
 from jax_ppo.ppo.placed_steps import PlacedSteps
 
@@ -55,9 +55,11 @@ def build(mode: str, placement):
                 kl_controller="adaptive", kl_target=0.01, kl_horizon=10, vf_coef=0.5)
   if mode == "gae":
     config = PPOConfig(batch_size=8, num_minibatches=2, gradient_accumulation_steps=2,
-                       ppo_epochs=2, max_grad_norm=None, replay_buffer_size=2, **common)
+                       ppo_epochs=2, optimizer=PPOOptimizer(max_grad_norm=None),
+                       replay_buffer_size=2, **common)
   else:
-    config = PPOConfig(batch_size=8, ppo_epochs=3, target_kl=1e-7, max_grad_norm=1e4, **common)
+    config = PPOConfig(batch_size=8, ppo_epochs=3, target_kl=1e-7,
+                       optimizer=PPOOptimizer(max_grad_norm=1e4), **common)
   rm = ScalarModel(MODEL, rngs=nnx.Rngs(5))
   model = policy()
   nnx.update(model, shard_params(nnx.state(model), placement.policy))

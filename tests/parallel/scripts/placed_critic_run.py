@@ -39,7 +39,7 @@ plots: false
 tensorboard: false
 progress: false
 ppo: {{batch_size: 8, num_minibatches: 2, ppo_epochs: 1, max_new_tokens: 4, total_updates: 2,
-      learning_rate: 1.0e-2}}
+      optimizer: {{learning_rate: 1.0e-2}}}}
 mesh: {{data: 2, fsdp: 2}}
 placement:
   policy_devices: [0, 4]
