@@ -10,8 +10,8 @@
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
 fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the
 same `train` command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a
-preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward` join a
-multi-host job first when the config's `distributed` fields or the environment describe one,
+preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward`
+join a multi-host job first when the config's `distributed` fields or the environment describe one,
 `eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
 tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
 status 2).
