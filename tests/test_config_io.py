@@ -392,6 +392,7 @@ def _stage_configs() -> list:
   """One non-default instance of every config a stage saves into its run folder."""
   from jax_ppo.models import LoRAConfig
   from jax_ppo.ppo.config import PPOConfig, PPOOptimizer
+  from jax_ppo.ppo.monitor import MonitorConfig
   from jax_ppo.quickstart.config import smoke
   from jax_ppo.reward_model.trainer import RewardModelConfig
   from jax_ppo.rewards.specs import RewardSource
@@ -399,7 +400,6 @@ def _stage_configs() -> list:
   from jax_ppo.runs.reward import RewardRunConfig
   from jax_ppo.runs.sft import SFTRunConfig
   from jax_ppo.sft.trainer import SFTConfig
-  from jax_ppo.training.monitor import MonitorConfig
 
   return [
       RunConfig(

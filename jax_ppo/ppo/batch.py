@@ -1,7 +1,9 @@
-"""`Batch`, one rollout ready for training, and the post-processing of reward scores.
+"""`Batch`, one rollout ready for training, its view of a rollout (`batch_view`), and the
+post-processing of reward scores (`process_scores`).
 
-Split from `jax_ppo.ppo.steps` (which re-exports both) so that the role-placement programs
-(`jax_ppo.ppo.placed_steps`) and the steps share them.
+Every PPO program reads a `Batch`: the experience programs build it from a rollout
+(`jax_ppo.ppo.experience`), the updates train on it (`jax_ppo.ppo.update`), the placed programs
+(`jax_ppo.ppo.placed_steps`, `jax_ppo.ppo.placed_critic`) send parts of it to other meshes.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ class Batch(struct.PyTreeNode):
   returns: Array
 
 
+def batch_view(rollout: Rollout) -> Batch:
+  """The rollout as a `Batch` whose per-token training quantities are still placeholders:
+  `old_logprobs` and `ref_logprobs` are the sampler's log-probs, `old_values`, `advantages` and
+  `returns` zeros `[B, T]` float32 (what a forward pass reads: ids, masks, positions)."""
+  mask = rollout.response_mask
+  return Batch(
+      input_ids=rollout.sequence_ids,
+      attention_mask=rollout.attention_mask,
+      positions=rollout.positions,
+      response_ids=rollout.response_ids,
+      response_mask=mask,
+      old_logprobs=rollout.logprobs,
+      ref_logprobs=rollout.logprobs,
+      old_values=jnp.zeros(mask.shape, jnp.float32),
+      advantages=jnp.zeros(mask.shape, jnp.float32),
+      returns=jnp.zeros(mask.shape, jnp.float32),
+  )
+
+
 def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
   """Reward-model scores -> training scores `[B]` (items 7 and 16).
 
@@ -57,3 +78,6 @@ def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Ar
   if config.missing_eos_penalty is not None and config.stop_token_ids:
     s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
   return s
+
+
+__all__ = ["Batch", "batch_view", "process_scores"]

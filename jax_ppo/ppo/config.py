@@ -14,9 +14,11 @@ from typing import ClassVar
 
 from jax_ppo.core import KL_ESTIMATORS
 from jax_ppo.core._checks import REDUCTIONS
+from jax_ppo.ppo.advantages import ADVANTAGE_FNS, CRITIC_MODES, GROUP_MODES
 from jax_ppo.training.optim import OptimizerConfig
 
-ADVANTAGE_MODES = ("gae", "grpo", "rloo", "reinforce++")
+ADVANTAGE_MODES = tuple(ADVANTAGE_FNS)
+"""The advantage modes: the keys of `jax_ppo.ppo.advantages.ADVANTAGE_FNS`."""
 KL_CONTROLLERS = ("fixed", "adaptive", "multiplicative")
 GRPO_SCALES = ("group", "batch", "none")
 
@@ -113,7 +115,8 @@ class PPOConfig:
 
   # --- advantages (items 10, 11) ---
   advantage_mode: str = "gae"
-  """"gae" (critic), "grpo", "rloo" or "reinforce++" (no critic)."""
+  """"gae" (critic), "grpo", "rloo" or "reinforce++" (no critic): a key of
+  `jax_ppo.ppo.advantages.ADVANTAGE_FNS`."""
   gamma: float = 1.0
   """Discount."""
   lam: float = 0.95
@@ -216,7 +219,7 @@ class PPOConfig:
           f"it must divide the minibatch size batch_size / num_minibatches = "
           f"{self.minibatch_size}",
       )
-    if self.advantage_mode in ("grpo", "rloo") and self.n_samples < 2:
+    if self.advantage_mode in GROUP_MODES and self.n_samples < 2:
       bad("n_samples", f"advantage_mode={self.advantage_mode!r} needs n_samples >= 2")
     if not self.temperature > 0:
       bad("temperature", "use a value > 0")
@@ -298,7 +301,7 @@ class PPOConfig:
 
   @property
   def uses_critic(self) -> bool:
-    return self.advantage_mode == "gae"
+    return self.advantage_mode in CRITIC_MODES
 
   @property
   def kl_enters_reward(self) -> bool:

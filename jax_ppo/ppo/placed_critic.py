@@ -50,13 +50,14 @@ import optax
 from flax import struct
 from jax.sharding import Mesh
 
-from jax_ppo import core
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.rules import constrain_rows
-from jax_ppo.ppo.batch import Batch
-from jax_ppo.ppo.state import FrozenParams, TrainState
+from jax_ppo.ppo.batch import Batch, batch_view
+from jax_ppo.ppo.loss import loss_shares, value_loss
+from jax_ppo.ppo.state import TrainState
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rollout.sampler import Rollout
+from jax_ppo.training.state import accumulate_gradients, microbatches
 
 Array = jax.Array
 
@@ -155,22 +156,16 @@ class CriticPrograms:
         in_roles=("params", "params", "params", "batch", "replicated", "replicated"),
         out_roles=("params", "params", "replicated"), donate_argnums=(0, 1))
 
-  def _forward(self, value, value_rest, batch) -> Array:
-    frozen = FrozenParams(policy_rest=None, ref=None, value_rest=value_rest, reward=None)
-    return self.steps._critic_values({"value": value}, frozen, batch, None)
-
   def _values(self, value, value_rest, rollout: Rollout) -> Array:
-    view = self.steps._view(rollout)
-    return jnp.where(view.response_mask, self._forward(value, value_rest, view), 0.0)
+    view = batch_view(rollout)
+    return jnp.where(view.response_mask,
+                     self.steps.forward.critic_values(value, value_rest, view), 0.0)
 
   def _micro_loss(self, value, value_rest, mb: CriticBatch, weight):
     """`vf_coef * value loss` of one microbatch, pre-scaled by its share `weight` of the
     minibatch (as the value term of `PPOSteps`' loss); returns `(loss, metrics)`."""
     c = self.config
-    vf_loss, vf = core.ppo_value_loss(
-        self._forward(value, value_rest, mb), mb.old_values, mb.returns, mb.response_mask,
-        clip_eps=c.value_clip_eps, reduction=c.loss_reduction,
-    )
+    vf_loss, vf = value_loss(c, self.steps.forward.critic_values(value, value_rest, mb), mb)
     metrics = {"loss/value_avg": vf_loss * weight, "val/clipfrac_avg": vf["clipfrac"] * weight}
     return c.vf_coef * vf_loss * weight, metrics
 
@@ -179,23 +174,16 @@ class CriticPrograms:
     skipped (parameters and optimizer state unchanged) when the policy's was (`stepped`
     False) or the critic's loss or gradient is non-finite (counted in `skipped`)."""
     c = self.config
-    micro = jax.tree.map(
-        lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]), mb)
-    micro = constrain_rows(micro, self.mesh, axis=1)
-    weights = self.steps._share(micro.response_mask)
-    grad_fn = jax.value_and_grad(self._micro_loss, has_aux=True)
+    micro = constrain_rows(microbatches(mb, c.gradient_accumulation_steps), self.mesh, axis=1)
+    weights = loss_shares(c, micro.response_mask)
+    value_and_grad = jax.value_and_grad(self._micro_loss, has_aux=True)
 
-    def accumulate(carry, xs):
-      grads, loss, metrics = carry
+    def grad_fn(value, xs):
       micro_batch, weight = xs
-      (micro_loss, m), g = grad_fn(value, value_rest, micro_batch, weight)
-      return (jax.tree.map(jnp.add, grads, g), loss + micro_loss,
-              jax.tree.map(jnp.add, metrics, m)), None
+      (micro_loss, m), g = value_and_grad(value, value_rest, micro_batch, weight)
+      return (micro_loss, m), g
 
-    zeros = {k: jnp.zeros((), jnp.float32) for k in ("loss/value_avg", "val/clipfrac_avg")}
-    (grads, loss, metrics), _ = jax.lax.scan(
-        accumulate, (jax.tree.map(jnp.zeros_like, value), jnp.zeros((), jnp.float32), zeros),
-        (micro, weights))
+    (loss, metrics), grads = accumulate_gradients(grad_fn, value, (micro, weights))
     # The global norm is NaN or inf exactly when some entry is (or it overflows float32): one
     # reduction, also the `critic/grad_norm` metric.
     grad_norm = optax.tree.norm(grads)
@@ -257,7 +245,7 @@ def update_programs(steps: PPOSteps, mesh: Mesh) -> tuple[MeshJit, MeshJit]:
   """The policy's `update` and `replay_update` on `mesh`, returning their plan too:
   `(state, frozen, batch, seq_kl_mean) -> (state, metrics, plan)` (the state donated)."""
   return tuple(
-      MeshJit(functools.partial(steps._update, fresh=fresh, plan=True), mesh,
+      MeshJit(functools.partial(steps.run_update, fresh=fresh, plan=True), mesh,
               in_roles=("params", "params", "batch", "replicated"),
               out_roles=("params", "replicated", "replicated"), donate_argnums=(0,))
       for fresh in (True, False))

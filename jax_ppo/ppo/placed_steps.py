@@ -43,10 +43,12 @@ from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.placement import Placement, transfer
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.ppo import placed_critic as critic_lib
+from jax_ppo.ppo.batch import batch_view
+from jax_ppo.ppo.forward import masked_logprobs
 from jax_ppo.ppo.state import FrozenParams, TrainState
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer
-from jax_ppo.rollout.sampler import Rollout, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout
 
 Array = jax.Array
 
@@ -215,11 +217,11 @@ class PlacedSteps:
     return self.steps.reference_logprobs(None, frozen, rollout)
 
   def _experience_impl(self, state, frozen, rollout, raw_scores, extra: dict[str, Array]):
-    return self.steps._experience(state, frozen, rollout, raw_scores, **extra)
+    return self.steps.compute_experience(state, frozen, rollout, raw_scores, **extra)
 
   def _experience_update_impl(self, state, frozen, rollout, raw_scores, extra: dict[str, Array]):
-    return self.steps._experience_update(state, frozen, rollout, raw_scores, **extra,
-                                         plan=self.critic is not None)
+    return self.steps.experience_and_update(state, frozen, rollout, raw_scores, **extra,
+                                            plan=self.critic is not None)
 
   def _policy_side(self, frozen: FrozenParams) -> FrozenParams:
     """`frozen` without the weights of split roles (they never enter a policy-mesh program)."""
@@ -331,7 +333,8 @@ def policy_side(frozen: FrozenParams, placement: Placement) -> FrozenParams:
 
 class PlacedEvalLogprobs:
   """`PPOTrainer`'s evaluation log-probs with split roles: `(trainable, frozen, rollout) ->
-  (logprobs [B, T], ref_logprobs [B, T])` (`teacher_forced_logprobs` at `temperature`).
+  (logprobs [B, T], ref_logprobs [B, T])` (`jax_ppo.ppo.forward.masked_logprobs` at
+  `temperature`, the one log-prob path of training and evaluation).
 
   The policy's on the policy mesh with the policy-side `frozen` (`policy_side`: no weight of a
   split role is copied there); with a split reference, the reference's on the reference mesh
@@ -353,7 +356,7 @@ class PlacedEvalLogprobs:
 
   def _logprobs(self, params, rest, rollout: Rollout) -> Array:
     model = nnx.merge(self.graphdef, params, rest)
-    return teacher_forced_logprobs(model, rollout, temperature=self.temperature)
+    return masked_logprobs(model, batch_view(rollout), temperature=self.temperature)
 
   def __call__(self, trainable, frozen: FrozenParams, rollout: Rollout) -> tuple[Array, Array]:
     side = policy_side(frozen, self.placement)

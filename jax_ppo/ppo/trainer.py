@@ -9,8 +9,8 @@ With a `run_dir`, `train()` also runs the run's bookkeeping after every update (
 
 * `MetricsLogger`: `metrics.jsonl`, `samples.jsonl` (every `log_samples_every` updates),
   TensorBoard, and a tqdm progress bar;
-* `StabilityMonitor`: warnings are logged (`jax_ppo.monitor`) and counted in
-  `monitor/warnings`;
+* `StabilityMonitor` (`jax_ppo.ppo.monitor`, the trainer's hook on the run loop): warnings are
+  logged (`jax_ppo.monitor`) and counted in `monitor/warnings`;
 * `RunCheckpointer` (`run_dir/checkpoints`): the `TrainState` plus the data position, the
   monitor's state and the host step, every `save_every` updates and at the end of `train()`;
 * `run_dir/config.yaml`: the run's configuration (`run_config`, default the `PPOConfig`).
@@ -73,6 +73,7 @@ from jax_ppo.parallel.placement import Placement
 from jax_ppo.ppo import perf, prompt_shards
 from jax_ppo.ppo.batch import Batch
 from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.ppo.monitor import MonitorConfig, StabilityMonitor
 from jax_ppo.ppo.placed_steps import (
   critic_split,
   eval_logprobs_program,
@@ -86,7 +87,7 @@ from jax_ppo.ppo.state import FrozenParams, TrainState, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer, as_scorer, decode_rollout
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout, Sampler
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import (
   CHECKPOINT_DIR,
@@ -96,7 +97,6 @@ from jax_ppo.training.loop import (
   StepAbandoned,
   TrainingHistory,
 )
-from jax_ppo.training.monitor import StabilityMonitor
 from jax_ppo.training.optim import make_optimizer
 
 __all__ = ["PPOTrainer"]
@@ -134,7 +134,9 @@ class PPOTrainer(RunStage):
     peak_flops: matmul peak for the `mfu` metric; measured at start-up when None.
     run_dir: run folder for logs, checkpoints and `config.yaml`; when it holds checkpoints the
       latest is restored (see the module docstring). None: no bookkeeping.
-    run_options: logging, checkpointing, monitoring and rollback settings (`RunOptions`).
+    run_options: logging, checkpointing and rollback settings (`RunOptions`).
+    monitor: thresholds of the stability monitor (`MonitorConfig`; None: the defaults), the
+      trainer's hook on the run loop: its collapses trigger `run_options.rollback`.
     run_config: the dataclass written to `run_dir/config.yaml` and stored with every checkpoint
       (default: `config`); resuming under a different one raises `CheckpointConfigMismatch`
       naming the differing fields (except `run_options.resume_ignore`).
@@ -166,6 +168,7 @@ class PPOTrainer(RunStage):
       peak_flops: float | None = None,
       run_dir: str | os.PathLike | None = None,
       run_options: RunOptions | None = None,
+      monitor: MonitorConfig | None = None,
       run_config: Any = None,
       mesh: Mesh | None = None,
       placement: Placement | None = None,
@@ -207,7 +210,7 @@ class PPOTrainer(RunStage):
     if mesh is not None:
       self.frozen = place_frozen(self.frozen, self.placement, self.scorer)
     self.optimizer, self.schedule = make_optimizer(c.optimizer, c.total_optimizer_steps)
-    self.steps = placed_steps(PPOSteps(
+    ppo_steps = PPOSteps(
         c,
         policy_graphdef=self.policy_graphdef,
         value_graphdef=value_graphdef,
@@ -217,7 +220,8 @@ class PPOTrainer(RunStage):
         schedule=self.schedule,
         mesh=mesh,
         critic_apart=critic_split(self.placement),
-    ), self.placement)
+    )
+    self.steps = placed_steps(ppo_steps, self.placement)
     state = init_train_state(
         c, self.optimizer, policy=policy_params, value=value_params,
         rng=jax.random.PRNGKey(c.seed),
@@ -246,7 +250,10 @@ class PPOTrainer(RunStage):
         perf.count_params(value_params) if value_params is not None else 0,
         perf.count_params(self.frozen.reward) if self.frozen.reward is not None else 0,
     )
-    self._eval_logprobs = eval_logprobs_program(self._eval_logprobs_impl, self.steps,
+    # `eval_logprobs(trainable, frozen, rollout) -> (logprobs, ref_logprobs)` `[B, T]`, 0 on
+    # padding: evaluation's program over the one log-prob path of training
+    # (`jax_ppo.ppo.forward`), split over the roles' meshes with a placement.
+    self.eval_logprobs = eval_logprobs_program(ppo_steps.forward.eval_logprobs, self.steps,
                                                 self.placement, temperature=c.temperature)
     self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
@@ -254,12 +261,16 @@ class PPOTrainer(RunStage):
     self.last_prompt_texts: list[str] | None = None
 
     self.run_options = run_options if run_options is not None else RunOptions()
+    if monitor is not None and not isinstance(monitor, MonitorConfig):
+      raise ValueError(f"PPOTrainer(monitor=...) takes a jax_ppo.ppo.monitor.MonitorConfig, got "
+                       f"{type(monitor).__name__}.")
+    self.stability_monitor = StabilityMonitor(monitor)
     self.run_config = run_config if run_config is not None else config
     self.preempted: str | None = None
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=self.run_config, total_steps=c.total_updates,
-        max_consecutive_skips=c.max_consecutive_skips,
+        max_consecutive_skips=c.max_consecutive_skips, hooks=(self.stability_monitor,),
     )
 
   # -- run folder: resume, logging, checkpoints (`RunLoop`) -----------------------------------
@@ -273,8 +284,9 @@ class PPOTrainer(RunStage):
     return self.run.logger
 
   @property
-  def monitor(self) -> StabilityMonitor | None:
-    return self.run.monitor
+  def monitor(self) -> StabilityMonitor:
+    """The stability monitor (the run loop's hook; it sees updates only with a run folder)."""
+    return self.stability_monitor
 
   @property
   def rollbacks(self) -> int:
@@ -520,7 +532,7 @@ class PPOTrainer(RunStage):
       chunk_scores = np.asarray(host_rows.gathered(score(self.placement, self.scorer, rollout,
                                                         self.frozen.reward)),
                                 np.float64)
-      logprobs, ref_logprobs = (host_rows.gathered(x) for x in self._eval_logprobs(
+      logprobs, ref_logprobs = (host_rows.gathered(x) for x in self.eval_logprobs(
           self.state.policy, self.frozen, rollout))
       rollout = jax.tree.map(host_rows.gathered, rollout)  # (several processes: all rows)
       mask = np.asarray(rollout.response_mask).astype(bool)
@@ -553,18 +565,6 @@ class PPOTrainer(RunStage):
     responses = [np.asarray(p)[np.asarray(m)].tolist()
                  for p, m in zip(rollout.response_ids, rollout.response_mask, strict=True)]
     return prompts, responses
-
-  def _eval_logprobs_impl(self, trainable, frozen: FrozenParams, rollout: Rollout):
-    """Policy and reference log-probs `[B, T]` of a rollout at the training temperature."""
-    temperature = self.config.temperature
-    policy = nnx.merge(self.policy_graphdef, trainable, frozen.policy_rest)
-    logprobs = teacher_forced_logprobs(policy, rollout, temperature=temperature)
-    if self.lora:
-      ref = teacher_forced_logprobs(policy, rollout, temperature=temperature, use_lora=False)
-    else:
-      ref_model = nnx.merge(self.policy_graphdef, frozen.ref, frozen.policy_rest)
-      ref = teacher_forced_logprobs(ref_model, rollout, temperature=temperature)
-    return logprobs, ref
 
   def policy_model(self) -> nnx.Module:
     """The current policy as an NNX module (for export with `save_pretrained`)."""

@@ -251,6 +251,7 @@ def build_trainer(
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
+      monitor=config.monitor,
       run_config=config, mesh=mesh, placement=placement,
   )
 

@@ -13,33 +13,31 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax.numpy as jnp
-
 from jax_ppo.compile_cache import AUTO as AUTO_CACHE
 from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import (
-    CONFIG_FILENAME,
-    apply_overrides,
-    check_keys,
-    config_from_dict,
-    migrate_keys,
-    read_config_file,
+  CONFIG_FILENAME,
+  apply_overrides,
+  check_keys,
+  config_from_dict,
+  migrate_keys,
+  read_config_file,
 )
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, LoRAConfig
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.ppo.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
-from jax_ppo.training.monitor import MonitorConfig
-from jax_ppo.runs.common import DTYPES
 from jax_ppo.rewards.specs import (
-    MODULE_REWARD,
-    REWARD_FUNCTIONS,
-    parse_reward_function,
-    reward_source_names,
-    RewardSource,
+  MODULE_REWARD,
+  REWARD_FUNCTIONS,
+  RewardSource,
+  parse_reward_function,
+  reward_source_names,
 )
+from jax_ppo.runs.common import DTYPES
 from jax_ppo.training.loop import RunOptions
 
 OPERATIONAL_FIELDS = (
@@ -138,7 +136,8 @@ class RunConfig:
   max_rollbacks: int = 3
   """Stop the run when it collapses again after this many rollbacks."""
   monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
-  """Thresholds of the stability monitor."""
+  """Thresholds of the stability monitor, PPO's hook on the run loop (`PPOTrainer(monitor=...)`);
+  its collapses trigger `rollback`."""
   mesh: MeshConfig | None = None
   """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), e.g.
   `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices; None: one device.
@@ -249,9 +248,9 @@ class RunConfig:
         save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
         best_mode=self.best_mode, log_samples_every=self.log_samples_every,
         tensorboard=self.tensorboard, wandb=self.wandb, wandb_init=self.wandb_init,
-        plots=self.plots, progress=self.progress, monitor=self.monitor,
-        rollback=self.rollback, rollback_lr_factor=self.rollback_lr_factor,
-        max_rollbacks=self.max_rollbacks, resume_ignore=OPERATIONAL_FIELDS,
+        plots=self.plots, progress=self.progress, rollback=self.rollback,
+        rollback_lr_factor=self.rollback_lr_factor, max_rollbacks=self.max_rollbacks,
+        resume_ignore=OPERATIONAL_FIELDS,
     )
 
 

@@ -1,5 +1,5 @@
 """The run loop a trainer shares with every other training stage: run folder, logs, checkpoints,
-stability monitor, rollback, preemption and the stop after repeated non-finite updates.
+the stage's hooks, rollback, preemption and the stop after repeated non-finite updates.
 
 A trainer (a `Stage`: PPO today; SFT and reward-model training share it) owns its state and its
 `step()`; `RunLoop` owns everything around the steps:
@@ -7,8 +7,8 @@ A trainer (a `Stage`: PPO today; SFT and reward-model training share it) owns it
 * with a run folder (`run_dir`): `config.yaml` (the run's configuration, checked against the
   checkpoints' when resuming), `MetricsLogger` (`metrics.jsonl`, `samples.jsonl`, TensorBoard),
   a tqdm progress bar, `RunCheckpointer` saves (`run_dir/checkpoints`, every
-  `RunOptions.save_every` steps and at the end of `train()`), the `StabilityMonitor` and
-  rollback on a collapse (`RunOptions.rollback`);
+  `RunOptions.save_every` steps and at the end of `train()`), the stage's hooks (`LoopHook`)
+  and rollback on a collapse a hook reports (`RunOptions.rollback`);
 * preemption: while `train()` runs in the main thread with a run folder, SIGTERM and SIGINT are
   caught; the step in flight finishes (or, when the stage checks `stop_requested` between its
   phases, is abandoned before it changes any state), a checkpoint is written, and `train()`
@@ -21,8 +21,16 @@ A trainer (a `Stage`: PPO today; SFT and reward-model training share it) owns it
   metric; after `max_consecutive_skips` consecutive steps with skips the run stops with
   `NonFiniteUpdates`, naming likely causes and the last checkpoint before the skips began.
 
+Hooks: a stage passes `hooks` (`LoopHook`s) to `RunLoop`; after every step with a run folder
+each sees the step's metrics and may add to them (warnings, counts), and may report a collapse
+that triggers a rollback. Their state is saved in each checkpoint's extra under the hook's
+`name` and restored on resume. PPO installs its stability monitor as a hook
+(`jax_ppo.ppo.monitor.StabilityMonitor`); a stage without hooks (SFT, the reward model) has no
+collapse detection, so `RunOptions.rollback` never triggers there (only the non-finite stop
+applies to every stage).
+
 Resuming: a run folder that holds checkpoints restores the latest one (through
-`Stage.restore_checkpoint`), the monitor's state and the rollback count, and truncates the logs
+`Stage.restore_checkpoint`), the hooks' state and the rollback count, and truncates the logs
 after that step.
 """
 
@@ -45,7 +53,6 @@ from jax_ppo.checkpoint import CheckpointCorrupt, CheckpointError, RunCheckpoint
 from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.parallel.distributed import is_main_process, multi_process, preemption_notice
-from jax_ppo.training.monitor import MonitorConfig, StabilityMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +78,46 @@ class StepAbandoned(Exception):
   """Raised by `Stage.step` when it sees `RunLoop.stop_requested` before changing any state."""
 
 
+class Collapse(Protocol):
+  """What a hook reports when the run has collapsed."""
+
+  step: int
+  """The step at which the collapse began (a rollback restores a checkpoint before it)."""
+  kind: str
+  """A short name of what collapsed (e.g. "reward_collapse")."""
+  message: str
+  """What was seen and the usual fix."""
+
+
+class LoopHook(Protocol):
+  """A stage's hook on `RunLoop` (e.g. PPO's stability monitor).
+
+  `name` is the key of its `state_dict()` (JSON) in each checkpoint's extra;
+  `after_step(step, metrics)` runs after every step with a run folder and may add metrics
+  (host floats) to `metrics` in place; `collapse()` is the collapse it reports (None: none):
+  with `RunOptions.rollback` the loop then restores the latest checkpoint before
+  `collapse().step`, calls `clear_collapse()` when it cannot, and `rolled_back(step)` when it
+  did (the hook forgets what it saw after `step`).
+  """
+
+  name: str
+
+  def after_step(self, step: int, metrics: dict[str, float]) -> None: ...
+
+  def collapse(self) -> Collapse | None: ...
+
+  def clear_collapse(self) -> None: ...
+
+  def rolled_back(self, step: int) -> None: ...
+
+  def state_dict(self) -> Any: ...
+
+  def load_state_dict(self, state: Any) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOptions:
-  """How a trainer with a `run_dir` logs, checkpoints, monitors and rolls back."""
+  """How a trainer with a `run_dir` logs, checkpoints and rolls back."""
 
   save_every: int = 10
   """Save a checkpoint every this many updates (and always at the end of `train()`)."""
@@ -100,11 +144,10 @@ class RunOptions:
   """Show a tqdm progress bar with the stage's main metrics (PPO: the reward and the KL)."""
   async_checkpointing: bool = True
   """Write checkpoint files on a background thread (Orbax async)."""
-  monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
-  """Thresholds of the stability monitor."""
   rollback: bool = False
-  """On a collapse reported by the monitor, restore the last checkpoint before it, scale the
-  learning rate by `rollback_lr_factor` and continue."""
+  """On a collapse reported by a hook of the stage (PPO's stability monitor), restore the last
+  checkpoint before it, scale the learning rate by `rollback_lr_factor` and continue. Stages
+  without hooks never collapse."""
   rollback_lr_factor: float = 0.5
   """Multiplier of `TrainState.lr_scale` at each rollback."""
   max_rollbacks: int = 3
@@ -134,8 +177,6 @@ class RunOptions:
       bad("best_metric", "give a metric name (e.g. 'objective/scores') or None")
     if not 0 < self.rollback_lr_factor <= 1:
       bad("rollback_lr_factor", "use a factor in (0, 1]")
-    if not isinstance(self.monitor, MonitorConfig):
-      bad("monitor", "pass a jax_ppo.training.monitor.MonitorConfig")
 
 
 class Stage(Protocol):
@@ -261,7 +302,7 @@ class RunLoop:
   Args:
     stage: the trainer.
     run_dir: the run folder, or None: then `train()` only runs the steps (and still stops after
-      `max_consecutive_skips`), without logs, checkpoints, monitor or signal handling.
+      `max_consecutive_skips`), without logs, checkpoints, hooks or signal handling.
     options: `RunOptions`.
     run_config: the dataclass written to `config.yaml` and stored with every checkpoint.
     total_steps: the run's length (the progress bar's total).
@@ -269,6 +310,7 @@ class RunLoop:
       `NonFiniteUpdates` (None: never stop).
     progress_metrics: `(label, metric name)` pairs shown in the progress bar's postfix.
     progress_desc: the progress bar's label (the stage's name).
+    hooks: the stage's `LoopHook`s (distinct `name`s), run after every step with a run folder.
 
   Raises (before writing anything): `CheckpointConfigMismatch` when the folder holds a run of
   another configuration, `CheckpointError` when its latest checkpoint cannot be read.
@@ -286,7 +328,14 @@ class RunLoop:
       progress_metrics: tuple[tuple[str, str], ...] = (
           ("reward", "objective/scores"), ("kl", "objective/kl")),
       progress_desc: str = "train",
+      hooks: tuple[LoopHook, ...] = (),
   ):
+    names = [h.name for h in hooks]
+    if len(set(names)) != len(names) or {"rollbacks", "consecutive_skips",
+                                         "skips_since"} & set(names):
+      raise ValueError(f"RunLoop hooks need distinct names other than the loop's own checkpoint "
+                       f"keys; got {names}.")
+    self.hooks = tuple(hooks)
     self.stage = stage
     self.progress_metrics = tuple(progress_metrics)
     self.progress_desc = progress_desc
@@ -295,7 +344,6 @@ class RunLoop:
     self.total_steps = total_steps
     self.max_consecutive_skips = max_consecutive_skips
     self.run_dir: pathlib.Path | None = None
-    self.monitor: StabilityMonitor | None = None
     self.checkpointer: RunCheckpointer | None = None
     self.logger: MetricsLogger | None = None
     self.bar = None
@@ -321,7 +369,6 @@ class RunLoop:
         best_metric=opts.best_metric, best_mode=opts.best_mode, config=self.run_config,
         config_ignore=opts.resume_ignore, async_save=opts.async_checkpointing,
     )
-    self.monitor = StabilityMonitor(opts.monitor)
     start = 0
     try:
       config_file = run_dir / CONFIG_FILENAME
@@ -351,12 +398,14 @@ class RunLoop:
                            unit="update")
 
   def restore(self, checkpointer: RunCheckpointer, step: int | None, *,
-              monitor: bool = True) -> int:
-    """Restores the stage (and, with `monitor`, the monitor and counters); returns the step."""
+              hooks: bool = True) -> int:
+    """Restores the stage (and, with `hooks`, the hooks' state and the loop's counters);
+    returns the step."""
     extra = self.stage.restore_checkpoint(checkpointer, step)
-    if monitor:
-      if self.monitor is not None and extra.get("monitor") is not None:
-        self.monitor.load_state_dict(extra["monitor"])
+    if hooks:
+      for hook in self.hooks:
+        if extra.get(hook.name) is not None:
+          hook.load_state_dict(extra[hook.name])
       self.rollbacks = int(extra.get("rollbacks", 0))
       self.consecutive_skips = int(extra.get("consecutive_skips", 0))
       since = extra.get("skips_since")
@@ -367,7 +416,7 @@ class RunLoop:
     """What a checkpoint stores besides the state (JSON): the stage's, then the loop's."""
     return {
         **self.stage.checkpoint_extra(),
-        "monitor": self.monitor.state_dict() if self.monitor is not None else None,
+        **{hook.name: hook.state_dict() for hook in self.hooks},
         "rollbacks": self.rollbacks,
         "consecutive_skips": self.consecutive_skips,
         "skips_since": self.skips_since,
@@ -380,24 +429,24 @@ class RunLoop:
          arrays=self.stage.checkpoint_arrays())
 
   def record(self, metrics: dict[str, float]) -> dict[str, float]:
-    """Monitor, rollback, logs, checkpoint and progress bar after one step."""
+    """Hooks, rollback, logs, checkpoint and progress bar after one step."""
     opts = self.options
     step = self.stage.step_count
-    warnings = self.monitor.update(step, metrics)
-    metrics["monitor/warnings"] = float(len(warnings))
+    for hook in self.hooks:
+      hook.after_step(step, metrics)
     samples = []
     if opts.log_samples_every and step % opts.log_samples_every == 0:
       samples = self.stage.samples(limit=opts.samples_per_log)  # before a rollback forgets them
-    collapsed = opts.rollback and self.monitor.collapsed
-    if collapsed:
-      metrics.update(self._rollback(step))
+    collapsed = self._collapsed() if opts.rollback else None
+    if collapsed is not None:
+      metrics.update(self._rollback(step, *collapsed))
     self.logger.log(step, metrics)
     if samples:
       self.logger.log_samples(
           step, [r["prompt"] for r in samples], [r["response"] for r in samples],
           [r["reward"] for r in samples],
       )
-    if not collapsed:
+    if collapsed is None:
       self.save(step, metrics, force=False)
     if self.bar is not None:
       self.bar.n = self.stage.step_count
@@ -407,10 +456,17 @@ class RunLoop:
       self.bar.refresh()
     return metrics
 
-  def _rollback(self, step: int) -> dict[str, float]:
+  def _collapsed(self) -> tuple[LoopHook, Collapse] | None:
+    """The first hook that reports a collapse, and its report (None: no collapse)."""
+    for hook in self.hooks:
+      reason = hook.collapse()
+      if reason is not None:
+        return hook, reason
+    return None
+
+  def _rollback(self, step: int, hook: LoopHook, reason: Collapse) -> dict[str, float]:
     """Restores the latest checkpoint before the collapse and lowers the learning rate."""
     opts = self.options
-    reason = self.monitor.collapse_reason
     if self.rollbacks >= opts.max_rollbacks:
       self.logger.log(step, {"rollback/count": float(self.rollbacks)})
       run_dir = self.run_dir
@@ -426,12 +482,12 @@ class RunLoop:
     if not good:
       logger.error("Step %d: collapse (%s) but no checkpoint before it; continuing without "
                    "rollback.", step, reason.kind)
-      self.monitor.clear_collapse()
+      hook.clear_collapse()
       return {}
     damaged = []
     for target in reversed(good):  # a damaged checkpoint gives way to the one before it
       try:
-        self.restore(self.checkpointer, target, monitor=False)
+        self.restore(self.checkpointer, target, hooks=False)
         break
       except CheckpointCorrupt as e:
         logger.warning("Step %d: rollback skips damaged checkpoint %d: %s", step, target, e)
@@ -439,12 +495,13 @@ class RunLoop:
     else:
       logger.error("Step %d: collapse (%s) but every checkpoint before it is damaged; "
                    "continuing without rollback.", step, reason.kind)
-      self.monitor.clear_collapse()
+      hook.clear_collapse()
       return {}
     if damaged:  # moved into corrupt/ (never deleted) so that their steps can be saved again
       self.checkpointer.set_aside(damaged, target)
     scale = self.stage.scale_learning_rate(opts.rollback_lr_factor)
-    self.monitor.rollback(target)
+    for each in self.hooks:
+      each.rolled_back(target)
     self.rollbacks += 1
     logger.warning(
         "Step %d: collapse (%s); rolled back to the checkpoint of step %d with lr_scale %.4g "
@@ -528,7 +585,8 @@ class RunLoop:
   ) -> TrainingHistory:
     """Runs steps until `stage.step_count` reaches `target` or a preemption signal arrives.
 
-    With a run folder every step is monitored, logged and checkpointed, and the last step is
+    With a run folder every step goes through the hooks, is logged and checkpointed, and the
+    last step is
     saved before returning; `callback(metrics)` runs after that bookkeeping.
     """
     history = TrainingHistory()
@@ -590,6 +648,8 @@ class RunLoop:
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "Collapse",
+    "LoopHook",
     "NonFiniteUpdates",
     "RunCollapsed",
     "RunLoop",

@@ -35,6 +35,9 @@ def test_split_roles_give_the_shared_update(results, mode):
   assert abs(loss_shared - loss_split) < TOL
   if mode != "lora":  # the reference differs from the policy: the KL is not trivially 0
     assert abs(r["kl"][0]) > 1e-4 and abs(r["kl"][0] - r["kl"][1]) < TOL
+  if mode == "grpo":  # one log-prob path: evaluation (shared and placed) = training's
+    assert r["eval_is_placed"]
+    assert r["max_eval_train_diff"] < TOL and r["max_placed_eval_train_diff"] < TOL
 
 
 @pytest.mark.slow

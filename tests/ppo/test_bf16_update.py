@@ -52,7 +52,7 @@ def test_bfloat16_update_is_close_to_float32():
   for name, t in (("f32", f32), ("bf16", bf16)):
     state, batch, exp, metrics = t.steps.experience_update(t.state, t.frozen, rollout, scores)
     out[name] = (state, batch, exp, metrics)
-    jaxpr = str(jax.make_jaxpr(t.steps._outputs)(state.params, t.frozen, batch))
+    jaxpr = str(jax.make_jaxpr(t.steps.outputs)(state.params, t.frozen, batch))
     b, steps = batch.response_ids.shape
     assert f"f32[{b},{steps},{MODEL.vocab_size}]" in jaxpr  # the log-softmax runs in float32
     assert (f"bf16[{b},{steps},{MODEL.vocab_size}]" in jaxpr) == (name == "bf16")  # the logits

@@ -12,6 +12,8 @@ pytest.importorskip("torch", reason="torch builds the tiny Hugging Face models")
 
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, Decoder, set_remat  # noqa: E402
 from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
+from jax_ppo.ppo.batch import batch_view  # noqa: E402
+from jax_ppo.ppo.loss import coefficients  # noqa: E402
 from jax_ppo.rollout.sampler import Rollout  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config
@@ -48,15 +50,15 @@ def _batch(trainer):
       logprobs=jnp.full((b, t), -2.0), positions=jnp.tile(jnp.arange(s + t), (b, 1)),
       has_stop=jnp.ones((b,), bool),
   )
-  view = trainer.steps._view(rollout)
+  view = batch_view(rollout)
   return view.replace(advantages=jax.random.normal(k[2], (b, t)),
                       returns=jnp.ones((b, t)), old_values=jnp.zeros((b, t)))
 
 
 def _loss_grad_args(trainer):
   steps = trainer.steps
-  coefs = steps._coefficients(trainer.state)
-  fn = jax.value_and_grad(steps._micro_loss, has_aux=True)
+  coefs = coefficients(trainer.config, trainer.state)
+  fn = jax.value_and_grad(steps.micro_loss, has_aux=True)
   return fn, (trainer.state.params, trainer.frozen, _batch(trainer), 1.0, coefs)
 
 

@@ -18,6 +18,7 @@ from flax import nnx
 
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.ppo import PPOTrainer
+from jax_ppo.ppo.loss import coefficients
 from jax_ppo.rewards import TokenScorer
 from tests.ppo.conftest import CONFIG, MODEL, count_target, prompts
 from tests.ppo.test_wired_paths import (
@@ -136,14 +137,14 @@ def test_minibatches_are_reshuffled_every_epoch_and_use_every_row_once():
 
   @jax.jit
   def epochs(state, frozen, batch):
-    """`PPOSteps._update`'s passes, keeping the per-minibatch metrics."""
-    coefs = steps._coefficients(state)
-    state, rngs = steps._epoch_rngs(state)
-    state, _, metrics, _, order = steps._epochs(state, frozen, batch, coefs, rngs,
-                                                jnp.zeros((), bool))
+    """`Updater.update`'s passes, keeping the per-minibatch metrics."""
+    coefs = coefficients(steps.config, state)
+    state, rngs = steps.updater.epoch_keys(state)
+    state, _, metrics, _, order = steps.updater.epochs(state, frozen, batch, coefs, rngs,
+                                                       jnp.zeros((), bool))
     return state, metrics, order
 
-  planned = jax.jit(functools.partial(steps._update, fresh=True, plan=True))
+  planned = jax.jit(functools.partial(steps.run_update, fresh=True, plan=True))
   start = jax.tree.map(jnp.copy, trainer.state)
   _, metrics, order = epochs(jax.tree.map(jnp.copy, start), trainer.frozen, batch)
   kl = exp["objective/kl"]

@@ -89,7 +89,7 @@ def test_ppo_steps_use_the_chunked_path_with_the_same_numbers():
     else:
       batch, exp = steps.experience(trainer.state, trainer.frozen, rollout, scores)
       state, metrics = steps.update(trainer.state, trainer.frozen, batch, exp["objective/kl"])
-    jaxpr = str(jax.make_jaxpr(steps._outputs)(state.params, trainer.frozen, batch))
+    jaxpr = str(jax.make_jaxpr(steps.outputs)(state.params, trainer.frozen, batch))
     results[name] = (batch, metrics, state.params, jaxpr)
   (b0, m0, p0, j0), (b1, m1, p1, j1) = results["whole"], results["chunked"]
   assert "remat" in j1 and "remat" not in j0  # the chunked (checkpointed) path really ran

@@ -173,7 +173,7 @@ def test_cli_resume_after_the_policy_changed_shape_prints_one_error(tmp_path, ca
 def test_rollback_skips_a_damaged_checkpoint(tmp_path, caplog):
   """A collapse at step 6 rolls back to step 4's checkpoint; when that one is damaged, the run
   rolls back to step 2's instead (with a warning) rather than stopping."""
-  from jax_ppo.training.monitor import MonitorConfig
+  from jax_ppo.ppo.monitor import MonitorConfig
 
   calls = []
 
@@ -185,10 +185,11 @@ def test_rollback_skips_a_damaged_checkpoint(tmp_path, caplog):
 
   monitor = MonitorConfig(collapse_smoothing=1, collapse_min_history=4, collapse_window=4,
                           kl_threshold=100.0, reward_volatility_ratio=10.0)
-  opts = dataclasses.replace(OPTS, rollback=True, monitor=monitor)
+  opts = dataclasses.replace(OPTS, rollback=True)
   run = tmp_path / "run"
   trainer = PPOTrainer(CONFIG, CausalLM(MODEL, rngs=nnx.Rngs(0)), reward=reward,
-                       prompts=prompts(), peak_flops=1e11, run_options=opts, run_dir=run)
+                       prompts=prompts(), peak_flops=1e11, run_options=opts, run_dir=run,
+                       monitor=monitor)
   saved = {}
 
   def callback(metrics):

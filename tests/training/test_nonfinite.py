@@ -194,7 +194,7 @@ def test_a_non_finite_gradient_with_a_finite_loss_is_skipped_too():
   grads = jax.tree.map(jnp.ones_like, state.params)
   leaf = jax.tree.leaves(grads)[0]
   bad = jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.inf) if g is leaf else g, grads)
-  apply = jax.jit(trainer.steps._apply_gradients)
+  apply = jax.jit(trainer.steps.updater.apply_gradients)
   before = _host(state)
   skipped_state, m = apply(state, bad, {"loss/total_avg": jnp.float32(0.5)})
   assert float(m["skipped"]) == 1

@@ -20,9 +20,9 @@ from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.ppo import PPOConfig, PPOTrainer
+from jax_ppo.ppo.monitor import MonitorConfig
 from jax_ppo.rewards import TokenScorer
 from jax_ppo.training import RunOptions
-from jax_ppo.training.monitor import MonitorConfig
 from tests.ppo.conftest import CONFIG, MODEL, TARGET, count_target, prompts
 
 # Metrics that measure time, not the computation.
@@ -102,6 +102,42 @@ def test_resume_in_a_new_trainer_equals_the_uninterrupted_run(tmp_path):
   assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4]  # keep_last=2
 
 
+def _flat_optimizer(config: dict) -> dict:
+  """A saved `PPOConfig` dict as written before the optimizer block (its keys flat)."""
+  config = dict(config)
+  config.update(config.pop("optimizer"))
+  return config
+
+
+def test_a_run_folder_written_before_the_optimizer_block_resumes(tmp_path):
+  """Checkpoints whose saved config has the old flat keys (`learning_rate`, ...) resume as the
+  same run (`config_io.migrate_keys`); a changed learning rate is still refused by its new
+  key."""
+  opts = RunOptions(save_every=1, progress=False, tensorboard=False, log_samples_every=0)
+  with _trainer(run_dir=tmp_path, run_options=opts) as trainer:
+    trainer.train(1)
+  rewritten = 0
+  for path in (tmp_path / "checkpoints").rglob("*"):
+    if not path.is_file():
+      continue
+    try:
+      meta = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError):
+      continue
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+      meta["config"] = _flat_optimizer(meta["config"])
+      path.write_text(json.dumps(meta))
+      rewritten += 1
+  assert rewritten == 1
+  with _trainer(run_dir=tmp_path, run_options=opts) as resumed:
+    assert resumed.step_count == 1
+    assert resumed.train(1)[0]["step"] == 2
+  changed = dataclasses.replace(
+      CONFIG, optimizer=dataclasses.replace(CONFIG.optimizer, learning_rate=1e-3))
+  with pytest.raises(CheckpointConfigMismatch, match="optimizer.learning_rate: saved 0.003"):
+    _trainer(config=changed, run_dir=tmp_path, run_options=opts)
+
+
 def test_resuming_with_another_config_names_the_fields_and_keeps_everything(tmp_path):
   opts = RunOptions(save_every=1, progress=False, tensorboard=False)
   with _trainer(run_dir=tmp_path, run_options=opts) as trainer:
@@ -141,9 +177,9 @@ def test_rollback_on_collapse_restores_the_last_good_checkpoint(tmp_path, caplog
 
   monitor = MonitorConfig(collapse_smoothing=1, collapse_min_history=4, collapse_window=4,
                           kl_threshold=100.0, reward_volatility_ratio=10.0)
-  opts = RunOptions(save_every=2, rollback=True, monitor=monitor, progress=False,
-                    tensorboard=False, log_samples_every=0)
-  trainer = _trainer(reward=reward, run_dir=tmp_path, run_options=opts)
+  opts = RunOptions(save_every=2, rollback=True, progress=False, tensorboard=False,
+                    log_samples_every=0)
+  trainer = _trainer(reward=reward, run_dir=tmp_path, run_options=opts, monitor=monitor)
   snapshots = {}
 
   def snapshot(metrics):

@@ -72,7 +72,7 @@ def main():
   prompts = [np.asarray(p)[np.asarray(p) != trainer.config.pad_token_id].tolist()
              for p in prompts]
   split_eval = trainer.evaluate(prompts)
-  program = trainer._eval_logprobs
+  program = trainer.eval_logprobs
   out = {
       "steps": [int(m["step"]) for m in logged],
       "finite": all(np.isfinite(m["loss/total_avg"]) and np.isfinite(m["loss/value_avg"])

@@ -106,7 +106,17 @@ def compare(mode: str) -> dict:
     out["ref_program_devices"] = devices_of(ref)
     out["ref_transferred_devices"] = devices_of(
         split.steps.reference_logprobs(split.frozen, rollout))
+  if mode == "grpo":  # evaluation's log-probs (placed: on the reference's mesh) = training's
+    placed_eval = split.eval_logprobs(split.state.policy, split.frozen, rollout)
+    shared_eval = shared.eval_logprobs(shared.state.policy, shared.frozen, rollout)
   state1, batch1, m1 = one_update(shared, rollout, scores1)
+  if mode == "grpo":
+    train = (batch1.old_logprobs, batch1.ref_logprobs)
+    out["eval_is_placed"] = type(split.eval_logprobs).__name__ == "PlacedEvalLogprobs"
+    out["max_eval_train_diff"] = max(max_abs_diff(a, b)
+                                     for a, b in zip(shared_eval, train, strict=True))
+    out["max_placed_eval_train_diff"] = max(max_abs_diff(a, b)
+                                            for a, b in zip(placed_eval, train, strict=True))
   state2, batch2, m2 = one_update(split, rollout, scores2)
   out.update({
       "state_devices": devices_of(state2),

@@ -28,6 +28,10 @@ checkpoint; they set `StabilityMonitor.collapsed`:
 Every warning is also logged through the `jax_ppo.monitor` logger, at most once per
 `log_interval` updates while a condition persists. `state_dict()` / `load_state_dict()` carry the
 windows (plain lists) through a checkpoint, so a resumed run continues where it stopped.
+
+`PPOTrainer` installs the monitor as its hook on the run loop (`jax_ppo.training.loop.LoopHook`:
+`after_step` adds the `monitor/warnings` count to each update's metrics, `collapse()` reports a
+collapse for `RunOptions.rollback`, the state is saved under the checkpoint's "monitor" key).
 """
 
 from __future__ import annotations
@@ -243,7 +247,13 @@ class StabilityMonitor:
       if monitor.collapsed:
         state = restore(last_good_step)
         monitor.rollback(last_good_step)
+
+  As `PPOTrainer`'s hook on the run loop (`LoopHook`), `RunLoop` calls `after_step`,
+  `collapse`, `clear_collapse`, `rolled_back` and the state dicts instead.
   """
+
+  name = "monitor"
+  """The key of the monitor's state in a checkpoint's extra (`LoopHook.name`)."""
 
   def __init__(self, config: MonitorConfig | None = None):
     self.config = config if config is not None else MonitorConfig()
@@ -284,6 +294,20 @@ class StabilityMonitor:
       window.extend(kept)
     self._active.clear()
     self._collapse = None
+
+  # ---- the run loop's hook (`jax_ppo.training.loop.LoopHook`) -------------------------------
+
+  def after_step(self, step: int, metrics: dict[str, float]) -> None:
+    """`update`, then the count of its warnings added as `metrics["monitor/warnings"]`."""
+    metrics["monitor/warnings"] = float(len(self.update(step, metrics)))
+
+  def collapse(self) -> StabilityWarning | None:
+    """The collapse to roll back from (`collapse_reason` while `collapsed`), else None."""
+    return self._collapse
+
+  def rolled_back(self, step: int) -> None:
+    """The loop restored the checkpoint of `step`: `rollback(step)`."""
+    self.rollback(step)
 
   def update(self, step: int, metrics: Mapping[str, Any]) -> list[StabilityWarning]:
     """Records one update's metrics and returns the checks that fail at this step.

@@ -1,4 +1,4 @@
-"""Tests of jax_ppo.training.monitor: each check fires on a stream that should trigger it and stays
+"""Tests of jax_ppo.ppo.monitor: each check fires on a stream that should trigger it and stays
 silent on healthy streams; collapse detection and rollback; rate-limited logging; state round
 trip through JSON."""
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 from hypothesis import given
 
-from jax_ppo.training.monitor import (
+from jax_ppo.ppo.monitor import (
     COLLAPSE_KINDS,
     WARNING_KINDS,
     MonitorConfig,
