@@ -11,8 +11,7 @@ import dataclasses
 import math
 import numbers
 
-from jax_ppo.core import KL_ESTIMATORS
-from jax_ppo.core._checks import REDUCTIONS
+from jax_ppo.core import KL_ESTIMATORS, REDUCTIONS
 from jax_ppo.training.optim import LR_SCHEDULES
 
 ADVANTAGE_MODES = ("gae", "grpo", "rloo", "reinforce++")

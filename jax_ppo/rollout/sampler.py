@@ -33,7 +33,7 @@ from jax_ppo.core import (
   response_mask_from_stop_tokens,
 )
 from jax_ppo.models.errors import VocabularyError
-from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.jit import MeshJit, compiled_programs
 from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
 from jax_ppo.rollout import token_logprobs
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
@@ -398,7 +398,7 @@ class Sampler:
   @property
   def compile_count(self) -> int:
     """Number of distinct programs compiled so far (one per prompt/batch bucket pair)."""
-    return self._generate._cache_size()
+    return compiled_programs(self._generate)
 
   def micro_batch_size(self, num_prompts: int, prompt_length: int) -> int:
     """Prompts per `generate` call for this batch (a batch bucket)."""

@@ -13,33 +13,31 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax.numpy as jnp
-
 from jax_ppo.compile_cache import AUTO as AUTO_CACHE
 from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import (
-    CONFIG_FILENAME,
-    apply_overrides,
-    check_keys,
-    config_from_dict,
-    read_config_file,
+  CONFIG_FILENAME,
+  apply_overrides,
+  check_keys,
+  config_from_dict,
+  read_config_file,
 )
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, LoRAConfig
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
-from jax_ppo.training.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
-from jax_ppo.runs.common import DTYPES
 from jax_ppo.rewards.specs import (
-    MODULE_REWARD,
-    REWARD_FUNCTIONS,
-    parse_reward_function,
-    reward_source_names,
-    RewardSource,
+  MODULE_REWARD,
+  REWARD_FUNCTIONS,
+  RewardSource,
+  parse_reward_function,
+  reward_source_names,
 )
+from jax_ppo.runs.common import DTYPES
 from jax_ppo.training.loop import RunOptions
+from jax_ppo.training.monitor import MonitorConfig
 
 OPERATIONAL_FIELDS = (
     "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
