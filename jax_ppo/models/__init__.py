@@ -122,12 +122,8 @@ from jax_ppo.models.errors import (
     UnsupportedModelError,
     VocabularyError,
 )
-from jax_ppo.models.heads import (
-    ScalarHead,
-    ScalarModel,
-    read_last_valid,
-    value_model_from_reward_model,
-)
+from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_reward_model
+from jax_ppo.models.layers import ScalarHead
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings
 from jax_ppo.models.tokenizer import (
