@@ -62,6 +62,13 @@ Generation: prefill + single-step decode with a preallocated KV cache
       def body(carry): ... logits, cache = model.decode_step(tok, cache, valid=alive) ...
       return jax.lax.while_loop(cond, body, (cache, logits, ...))
 
+Checkpoints
+-----------
+`jax_ppo.models.hf` reads and writes Hugging Face folders: `hf.tensors` maps tensor names to our
+parameters and builds the one read plan (which file, tensor and columns fill each parameter),
+`hf.load` fills it on the host or, with `mesh=...`, straight into each device's shards, `hf.save`
+writes safetensors files and the HF config.
+
 Heads
 -----
 - `model.hidden_states(ids, attention_mask=m) -> [B, S, D]` (trunk output after the final norm).
@@ -107,12 +114,6 @@ conversations)` applies the chat template; `pad_batch(seqs, pad_token_id=..., le
 left-pads id lists into `(ids, mask)`.
 """
 
-from jax_ppo.models.checkpoint import (
-    from_pretrained,
-    load_config,
-    load_scalar_model,
-    save_pretrained,
-)
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from jax_ppo.models.errors import (
     MissingModelFileError,
@@ -123,6 +124,7 @@ from jax_ppo.models.errors import (
     VocabularyError,
 )
 from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_reward_model
+from jax_ppo.models.hf import from_pretrained, load_config, load_scalar_model, save_pretrained
 from jax_ppo.models.layers import ScalarHead
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings

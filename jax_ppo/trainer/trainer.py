@@ -65,8 +65,8 @@ from jax.sharding import Mesh
 from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
-from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.distributed import barrier, is_main_process
