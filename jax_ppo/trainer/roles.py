@@ -39,10 +39,11 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.placement import Placement, transfer
 from jax_ppo.parallel.rules import shard_params
-from jax_ppo.rollout.sampler import Rollout, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout
 from jax_ppo.trainer import critic as critic_lib
 from jax_ppo.trainer.rewards import CombinedScorer
 from jax_ppo.trainer.state import FrozenParams, TrainState

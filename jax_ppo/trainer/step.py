@@ -48,10 +48,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_ppo import core
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.parallel.jit import ppo_step_jits
 from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.rollout.sampler import Rollout
-from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.trainer.batch import Batch, process_scores
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.optim import kl_controller, make_optimizer

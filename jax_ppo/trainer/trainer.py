@@ -67,12 +67,13 @@ from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.hf import save_pretrained
+from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.parallel.placement import Placement
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout, Sampler
 from jax_ppo.trainer import host_data, perf
 from jax_ppo.trainer.config import PPOConfig
 from jax_ppo.trainer.loop import (
