@@ -28,9 +28,10 @@ Public API (everything a run needs; see each module for details):
 Runs take the mesh from `RunConfig.mesh` (`jax-ppo train ... mesh.fsdp=2`), `PPOTrainer(...,
 mesh=mesh)` places the policy, reference, critic and reward model on the same mesh (a LoRA
 policy's reference is its own base weights: one copy), and `from_pretrained(path, mesh=mesh)`
-reads each tensor straight into its shards. Global statistics (masked means, whitening, group
-advantages, the KL controller's KL) are computed over the whole batch by XLA's SPMD partitioner:
-they equal the single-device values (`tests/parallel`).
+(`jax_ppo.models.hf`) reads each tensor straight into its shards (`rules.partition_spec`).
+Global statistics (masked means, whitening, group advantages, the KL controller's KL) are
+computed over the whole batch by XLA's SPMD partitioner: they equal the single-device values
+(`tests/parallel`).
 """
 
 from jax_ppo.parallel.distributed import DistributedConfig
