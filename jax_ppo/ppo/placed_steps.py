@@ -39,6 +39,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.placement import Placement, transfer
 from jax_ppo.parallel.rules import shard_params
@@ -46,7 +47,7 @@ from jax_ppo.ppo import placed_critic as critic_lib
 from jax_ppo.ppo.state import FrozenParams, TrainState
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer
-from jax_ppo.rollout.sampler import Rollout, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout
 
 Array = jax.Array
 

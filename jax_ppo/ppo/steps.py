@@ -48,13 +48,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_ppo import core
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.ppo.batch import Batch, process_scores
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.programs import ppo_step_jits
 from jax_ppo.ppo.state import FrozenParams, TrainState, kl_controller
 from jax_ppo.rollout.sampler import Rollout
-from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.training.state import guarded_update
 
 Array = jax.Array
@@ -79,7 +79,7 @@ class PPOSteps:
 
   Attributes:
     logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass (default
-      256 MiB, `rollout.token_logprobs`); larger ones are chunked over `T`, None never chunks.
+      256 MiB, `models.logprobs`); larger ones are chunked over `T`, None never chunks.
       Read when the functions are traced: set it before the first call.
   """
 
@@ -141,7 +141,7 @@ class PPOSteps:
     return h, (model.values_from_hidden(h) if values else None)
 
   def _token_logprobs(self, model, h: Array, tokens: Array, *, entropy: str | None):
-    """`token_logprobs.head_logprobs` at the sampling temperature (chunked if large)."""
+    """`models.logprobs.head_logprobs` at the sampling temperature (chunked if large)."""
     return head_logprobs(model, h, tokens, self.config.temperature, entropy=entropy,
                          chunk_bytes=self.logits_chunk_bytes)
 

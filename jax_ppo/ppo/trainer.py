@@ -66,6 +66,7 @@ from jax_ppo.checkpoint import CheckpointError, RunCheckpointer
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
@@ -86,7 +87,7 @@ from jax_ppo.ppo.state import FrozenParams, TrainState, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer, as_scorer, decode_rollout
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import Rollout, Sampler, teacher_forced_logprobs
+from jax_ppo.rollout.sampler import Rollout, Sampler
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import (
   CHECKPOINT_DIR,
