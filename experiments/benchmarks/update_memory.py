@@ -107,13 +107,13 @@ def measure(shape: dict, *, chunk_bytes: int | None, epochs: int, dtype: str,
 
 
 def _chunk(b, t, v, limit):
-  from jax_ppo.rollout.token_logprobs import logits_chunk
+  from jax_ppo.models.logprobs import logits_chunk
 
   return logits_chunk(b, t, v, limit)
 
 
 def main(argv=None) -> dict:
-  from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES
+  from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES
 
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")

@@ -128,7 +128,7 @@ def check_config(
   )
 
 
-def _plain_config(config: Any) -> dict[str, Any] | None:
+def plain_config(config: Any) -> dict[str, Any] | None:
   """A dataclass config or mapping as JSON-round-tripped plain types (None stays None)."""
   if config is None:
     return None

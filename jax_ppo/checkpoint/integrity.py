@@ -1,8 +1,8 @@
 """Reading a checkpoint safely: the arrays it should hold, what differs, and Orbax's reads.
 
-`RunCheckpointer` checks a step before Orbax reads any array: `_structure_differences` compares
+`RunCheckpointer` checks a step before Orbax reads any array: `structure_differences` compares
 the saved array metadata with the live state (`abstract_like`), and a failed read is summarised
-in one line (`_error_summary`, `_unparsable_json_files`). `_orbax_reads_drained` lets Orbax's
+in one line (`error_summary`, `unparsable_json_files`). `orbax_reads_drained` lets Orbax's
 pending reads finish before their event loop closes, so a damaged file gives one error instead
 of a flood of "Event loop is closed" tracebacks.
 """
@@ -74,7 +74,7 @@ class _ShapeOnly:
     self.shape, self.dtype = shape, None
 
 
-def _expected_specs(like: Any, target: Any) -> Any:
+def expected_specs(like: Any, target: Any) -> Any:
   """`target` (abstract `like`) with dtype-free leaves where `like` holds no JAX array."""
 
   def spec(x: Any, t: Any) -> Any:
@@ -83,7 +83,7 @@ def _expected_specs(like: Any, target: Any) -> Any:
   return jax.tree.map(spec, like, target)
 
 
-def _structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, str]]:
+def structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, str]]:
   """`(path, saved, expected)` for every array whose presence, shape or dtype differs.
 
   In the order of the live state's leaves (so a model's parameters come before their optimizer
@@ -113,7 +113,7 @@ def _structure_differences(saved: Any, expected: Any) -> list[tuple[str, str, st
   return out
 
 
-def _error_summary(error: BaseException) -> str:
+def error_summary(error: BaseException) -> str:
   """The innermost cause of an (Orbax / TensorStore) error as `Type: first line`, shortened.
 
   Orbax wraps TensorStore failures in exceptions whose text is a whole TensorStore spec; the
@@ -133,7 +133,7 @@ def _error_summary(error: BaseException) -> str:
   return type(error).__name__
 
 
-def _unparsable_json_files(folder: pathlib.Path) -> list[pathlib.Path]:
+def unparsable_json_files(folder: pathlib.Path) -> list[pathlib.Path]:
   """The JSON files under `folder` (Orbax's metadata files) that are empty or do not parse.
 
   Orbax's JSON errors do not name their file; this finds it. Binary files (array data, OCDBT
@@ -153,7 +153,9 @@ def _unparsable_json_files(folder: pathlib.Path) -> list[pathlib.Path]:
   return bad
 
 
-def _has_json_error(error: BaseException) -> bool:
+def has_json_error(error: BaseException) -> bool:
+  """Whether `error` or any error in its cause/context chain is a JSON decoding error (a damaged
+  Orbax metadata file)."""
   current, seen = error, set()
   while current is not None and id(current) not in seen:
     if isinstance(current, json.JSONDecodeError):
@@ -163,7 +165,8 @@ def _has_json_error(error: BaseException) -> bool:
   return False
 
 
-_ARRAY_KEY = re.compile(r'Error (?:reading|opening) "([^"/]+)/')
+ARRAY_KEY = re.compile(r'Error (?:reading|opening) "([^"/]+)/')
+"""TensorStore's error text names the array it failed to read: group 1 is the array's key."""
 _DRAIN_TIMEOUT_S = 60.0
 _DRAIN_LOCK = threading.RLock()
 
@@ -181,7 +184,7 @@ def _close_after_pending_tasks(loop: asyncio.AbstractEventLoop, close: Callable[
 
 
 @contextlib.contextmanager
-def _orbax_reads_drained():
+def orbax_reads_drained():
   """Makes Orbax's synchronous calls on this thread finish their pending reads before closing.
 
   Orbax runs each restore in a fresh event loop (`asyncio.new_event_loop()`) and gathers one

@@ -50,18 +50,18 @@ from jax_ppo.checkpoint.errors import (
   CheckpointCorrupt,
   CheckpointError,
   CheckpointStructureMismatch,
-  _plain_config,
   check_config,
+  plain_config,
 )
 from jax_ppo.checkpoint.integrity import (
-  _ARRAY_KEY,
-  _error_summary,
-  _expected_specs,
-  _has_json_error,
-  _orbax_reads_drained,
-  _structure_differences,
-  _unparsable_json_files,
+  ARRAY_KEY,
   abstract_like,
+  error_summary,
+  expected_specs,
+  has_json_error,
+  orbax_reads_drained,
+  structure_differences,
+  unparsable_json_files,
 )
 from jax_ppo.parallel.distributed import barrier, is_main_process
 
@@ -173,7 +173,7 @@ class RunCheckpointer:
     self.keep_last = keep_last
     self.best_metric = best_metric
     self.best_mode = best_mode
-    self.config = _plain_config(config)
+    self.config = plain_config(config)
     self._config_type = type(config) if dataclasses.is_dataclass(config) else None
     self.config_ignore = tuple(config_ignore)
     self.read_only = read_only
@@ -237,7 +237,7 @@ class RunCheckpointer:
     if not folder.is_dir():
       raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
     try:
-      with _orbax_reads_drained():
+      with orbax_reads_drained():
         restored = self._manager.restore(step, args=ocp.args.Composite(**{
             META_ITEM: ocp.args.JsonRestore()
         }))
@@ -407,7 +407,7 @@ class RunCheckpointer:
     if not folder.is_dir():
       raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
     try:
-      with _orbax_reads_drained():
+      with orbax_reads_drained():
         restored = self._manager.restore(step, args=ocp.args.Composite(**{
             ARRAYS_ITEM: ocp.args.StandardRestore(target)
         }))[ARRAYS_ITEM]
@@ -451,22 +451,22 @@ class RunCheckpointer:
     meta = self.read_meta(step)
     if self.config is not None:
       self._check_config(meta, step)
-    self._check_structure(step, _expected_specs(like, target))
+    self._check_structure(step, expected_specs(like, target))
     folder = self._step_dir(step) / STATE_ITEM
     try:
-      with _orbax_reads_drained():
+      with orbax_reads_drained():
         restored = self._manager.restore(step, args=ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardRestore(target)
         }))
       state = restored[STATE_ITEM]
     except Exception as e:  # (structure and shapes were checked: the files are at fault)
-      summary = _error_summary(e)
+      summary = error_summary(e)
       if isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in summary:
         raise CheckpointError(
             f"Not enough memory to restore checkpoint step {step} in "
             f"{str(self.directory)!r}: {summary}. Nothing was changed."
         ) from e
-      array = _ARRAY_KEY.search(str(e)) or _ARRAY_KEY.search(summary)
+      array = ARRAY_KEY.search(str(e)) or ARRAY_KEY.search(summary)
       where = f"{folder} (array {array.group(1)!r})" if array else folder
       raise self._damaged(step, where, e) from e
     if jax.tree.structure(state) != jax.tree.structure(target):
@@ -488,14 +488,14 @@ class RunCheckpointer:
     if not folder.is_dir():
       raise self._damaged(step, folder, "the item folder is missing (a partial copy or save?)")
     try:
-      with _orbax_reads_drained():
+      with orbax_reads_drained():
         items = self._manager.metadata(step).item_metadata
       saved = items[STATE_ITEM] if items is not None else None
     except Exception as e:  # (a truncated or garbled metadata file)
       raise self._damaged(step, folder, e) from e
     if saved is None:
       raise self._damaged(step, folder, "its array metadata (shapes and dtypes) is missing")
-    diffs = _structure_differences(getattr(saved, "tree", saved),
+    diffs = structure_differences(getattr(saved, "tree", saved),
                                    ocp.tree.serialize_tree(expected, keep_empty_nodes=True))
     if not diffs:
       return
@@ -514,10 +514,10 @@ class RunCheckpointer:
       self, step: int, where: str | os.PathLike, error: BaseException | str
   ) -> CheckpointCorrupt:
     """The `CheckpointCorrupt` of a damaged step, with what to do about it."""
-    reason = (error if isinstance(error, str) else _error_summary(error)).rstrip(".")
+    reason = (error if isinstance(error, str) else error_summary(error)).rstrip(".")
     if (not isinstance(error, str) and isinstance(where, pathlib.Path) and where.is_dir()
-        and _has_json_error(error)):
-      where = ", ".join(str(p) for p in _unparsable_json_files(where)) or where
+        and has_json_error(error)):
+      where = ", ".join(str(p) for p in unparsable_json_files(where)) or where
     others = [s for s in self.steps() if s != step]
     hint = (f"restore an earlier step ({others}), or the latest (step=None), which falls back "
             f"to the newest readable step and moves this one into {CORRUPT_DIR}/"

@@ -5,6 +5,7 @@ of each argument (`B` batch, `T` response steps, `V` vocabulary); see `docs/core
 README's core API table.
 """
 
+from jax_ppo.core._checks import REDUCTIONS
 from jax_ppo.core.advantages import (
     gae,
     gae_from_dones,
@@ -39,6 +40,7 @@ from jax_ppo.core.stats import (
 
 __all__ = [
     "KL_ESTIMATORS",
+    "REDUCTIONS",
     "KLController",
     "KLControllerState",
     "adaptive_kl_controller",

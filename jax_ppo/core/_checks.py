@@ -8,16 +8,18 @@ training) cannot be checked here and are documented as the caller's responsibili
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+"""The `reduction`s of the policy and value losses (`aggregate_loss`)."""
 
 
 def shape_of(x) -> tuple[int, ...]:
-  return tuple(np.shape(x))
+  return tuple(jnp.shape(x))
 
 
 def check_rank(name: str, x, rank: int, layout: str) -> None:
@@ -63,7 +65,7 @@ def check_scalar_range(
   """Checks a hyperparameter against an interval when its value is known at trace time."""
   if value is None or not is_concrete(value):
     return
-  if np.ndim(value) != 0:
+  if jnp.ndim(value) != 0:
     return  # Per-row arrays are allowed where documented; ranges are checked on scalars only.
   v = float(value)
   ok = True
@@ -71,7 +73,7 @@ def check_scalar_range(
     ok &= v >= low if low_inclusive else v > low
   if high is not None:
     ok &= v <= high if high_inclusive else v < high
-  if not ok or np.isnan(v):
+  if not ok or math.isnan(v):
     lo = "(-inf" if low is None else ("[" if low_inclusive else "(") + f"{low}"
     hi = "inf)" if high is None else f"{high}" + ("]" if high_inclusive else ")")
     raise ValueError(f"`{name}` must lie in {lo}, {hi}, got {v}.")

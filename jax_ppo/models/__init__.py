@@ -62,6 +62,15 @@ Generation: prefill + single-step decode with a preallocated KV cache
       def body(carry): ... logits, cache = model.decode_step(tok, cache, valid=alive) ...
       return jax.lax.while_loop(cond, body, (cache, logits, ...))
 
+Checkpoints and log-probs
+-------------------------
+`jax_ppo.models.hf` reads and writes Hugging Face folders: `hf.tensors` maps tensor names to our
+parameters and builds the one read plan (which file, tensor and columns fill each parameter),
+`hf.load` fills it on the host or, with `mesh=...`, straight into each device's shards, `hf.save`
+writes safetensors files and the HF config. `jax_ppo.models.logprobs` scores response tokens
+under the LM head (`head_logprobs`, chunked over `T` above `LOGITS_CHUNK_BYTES` of float32 logits;
+`teacher_forced_logprobs(model, rollout, temperature=...)` for a prompt + response batch).
+
 Heads
 -----
 - `model.hidden_states(ids, attention_mask=m) -> [B, S, D]` (trunk output after the final norm).
@@ -107,12 +116,6 @@ conversations)` applies the chat template; `pad_batch(seqs, pad_token_id=..., le
 left-pads id lists into `(ids, mask)`.
 """
 
-from jax_ppo.models.checkpoint import (
-    from_pretrained,
-    load_config,
-    load_scalar_model,
-    save_pretrained,
-)
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from jax_ppo.models.errors import (
     MissingModelFileError,
@@ -122,11 +125,16 @@ from jax_ppo.models.errors import (
     UnsupportedModelError,
     VocabularyError,
 )
-from jax_ppo.models.heads import (
-    ScalarHead,
-    ScalarModel,
-    read_last_valid,
-    value_model_from_reward_model,
+from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_reward_model
+from jax_ppo.models.hf import from_pretrained, load_config, load_scalar_model, save_pretrained
+from jax_ppo.models.layers import ScalarHead
+from jax_ppo.models.logprobs import (
+    LOGITS_CHUNK_BYTES,
+    ResponseBatch,
+    head_logprobs,
+    logits_chunk,
+    response_logits,
+    teacher_forced_logprobs,
 )
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings
@@ -153,6 +161,7 @@ from jax_ppo.models.transformer import (
 
 __all__ = [
     "DEFAULT_REMAT",
+    "LOGITS_CHUNK_BYTES",
     "REMAT_POLICIES",
     "SUPPORTED_MODEL_TYPES",
     "CausalLM",
@@ -164,6 +173,7 @@ __all__ = [
     "ModelError",
     "ModelFileError",
     "PadTokenError",
+    "ResponseBatch",
     "RopeScaling",
     "ScalarHead",
     "ScalarModel",
@@ -177,18 +187,22 @@ __all__ = [
     "ensure_pad_token",
     "from_pretrained",
     "has_lora",
+    "head_logprobs",
     "init_cache",
     "layer_loop",
     "load_config",
     "load_scalar_model",
     "load_tokenizer",
+    "logits_chunk",
     "merge_lora",
     "pad_batch",
     "prefill",
     "read_last_valid",
     "resize_token_embeddings",
+    "response_logits",
     "save_pretrained",
     "set_remat",
     "split_lora",
+    "teacher_forced_logprobs",
     "value_model_from_reward_model",
 ]

@@ -1,11 +1,12 @@
-"""Scalar heads on the decoder trunk: reward models, value models, and a policy's value head.
+"""Scalar models on the decoder trunk: reward models and separate value models.
 
-A scalar head maps every final hidden state to one number, :math:`r_t = w^\\top h_t + b`. A
-reward model reads it at the last valid token of each row (the EOS position, docs/rlhf_details.md
-item 6); a value model reads it at every token. Initialisation follows "The N+ Implementation
-Details of RLHF with PPO" (Huang et al. 2024; docs/rlhf_details.md item 15): a reward head is
-`N(0, 1/sqrt(D + 1))` with a zero bias, a value model starts as a copy of the reward model, and a
-value head sharing the policy's trunk starts at zero.
+A scalar head (`jax_ppo.models.layers.ScalarHead`, also a policy's value head) maps every final
+hidden state to one number, :math:`r_t = w^\\top h_t + b`. A reward model reads it at the last
+valid token of each row (the EOS position, docs/rlhf_details.md item 6); a value model reads it at
+every token. Initialisation follows "The N+ Implementation Details of RLHF with PPO" (Huang et al.
+2024; docs/rlhf_details.md item 15): a reward head is `N(0, 1/sqrt(D + 1))` with a zero bias, a
+value model starts as a copy of the reward model, and a value head sharing the policy's trunk
+starts at zero.
 
 Reward normalisation (docs/rlhf_details.md item 16) is folded into the head:
 `ScalarModel.rescale_scores(gain, bias)` makes every output `gain * r + bias` by setting
@@ -17,67 +18,16 @@ scaled `w` as `score.weight` and `b` into `config.json` (`SCORE_BIAS_KEY`), whic
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jax_ppo.core import last_valid_index
 from jax_ppo.models.config import ModelConfig
+from jax_ppo.models.layers import ScalarHead
 from jax_ppo.models.transformer import DEFAULT_REMAT, Decoder
 
 Array = jax.Array
-
-HEAD_INITS = ("reward", "zeros")
-
-
-class ScalarHead(nnx.Module):
-  r"""`h` `[..., D]` -> `[...]` float32, :math:`w^\top h + b`; `kernel` `[D, 1]`, `bias` `[1]`.
-
-  Args:
-    features: `D`.
-    init: `"reward"` (`w ~ N(0, 1/sqrt(D + 1))`) or `"zeros"` (value head on a policy trunk).
-      The bias starts at 0 either way.
-  """
-
-  def __init__(self, features: int, *, init: str = "reward", param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
-    if init not in HEAD_INITS:
-      raise ValueError(f"init must be one of {HEAD_INITS}, got {init!r}.")
-    if init == "reward":
-      std = 1.0 / math.sqrt(features + 1)
-      kernel = nnx.initializers.normal(stddev=std)(rngs.params(), (features, 1), param_dtype)
-    else:
-      kernel = jnp.zeros((features, 1), param_dtype)
-    self.kernel = nnx.Param(kernel)
-    self.bias = nnx.Param(jnp.zeros((1,), param_dtype))
-
-  def rescale(self, gain: float | Array, bias: float | Array) -> None:
-    r"""In place: outputs become `gain * r + bias` (:math:`w \leftarrow g w`,
-    :math:`b \leftarrow g b + c`, computed in float32).
-
-    Raises:
-      ValueError: a gain that is not finite and > 0 (it would flip or erase the preferences),
-        or a bias that is not finite.
-    """
-    gain = jnp.asarray(gain, jnp.float32)
-    bias = jnp.asarray(bias, jnp.float32)
-    if gain.shape or bias.shape:
-      raise ValueError(f"gain and bias must be scalars, got shapes {gain.shape}, {bias.shape}.")
-    if not (bool(jnp.isfinite(gain)) and float(gain) > 0):
-      raise ValueError(f"gain must be finite and > 0, got {float(gain)}.")
-    if not bool(jnp.isfinite(bias)):
-      raise ValueError(f"bias must be finite, got {float(bias)}.")
-    kernel, b = self.kernel[...], self.bias[...]
-    self.kernel[...] = (kernel.astype(jnp.float32) * gain).astype(kernel.dtype)
-    self.bias[...] = (b.astype(jnp.float32) * gain + bias).astype(b.dtype)
-
-  def __call__(self, h: Array) -> Array:
-    w = self.kernel[...].astype(jnp.float32)
-    out = jnp.dot(h.astype(jnp.float32), w) + self.bias[...].astype(jnp.float32)
-    return out[..., 0]
-
 
 class ScalarModel(nnx.Module):
   """A decoder trunk with a `ScalarHead`: a reward model or a separate value model.

@@ -1,4 +1,5 @@
-"""Building blocks of the decoder: projections with optional LoRA, norms, RoPE, attention.
+"""Building blocks of the decoder: projections with optional LoRA, norms, RoPE, attention, and the
+scalar head of reward and value models (`ScalarHead`).
 
 Every parameter may carry leading "stack" axes (`[L, ...]` for the layer stack): modules are
 created once with `stack=(L,)` and sliced by `jax.lax.scan` in `transformer.py`, so their
@@ -285,3 +286,53 @@ def _explicit_attention(
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum(f"bkgst,{kv}->bskgd", probs, v)
   return out.reshape(b, s, h, dh)
+
+
+HEAD_INITS = ("reward", "zeros")
+
+
+class ScalarHead(nnx.Module):
+  r"""`h` `[..., D]` -> `[...]` float32, :math:`w^\top h + b`; `kernel` `[D, 1]`, `bias` `[1]`.
+
+  Args:
+    features: `D`.
+    init: `"reward"` (`w ~ N(0, 1/sqrt(D + 1))`) or `"zeros"` (value head on a policy trunk).
+      The bias starts at 0 either way.
+  """
+
+  def __init__(self, features: int, *, init: str = "reward", param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    if init not in HEAD_INITS:
+      raise ValueError(f"init must be one of {HEAD_INITS}, got {init!r}.")
+    if init == "reward":
+      std = 1.0 / math.sqrt(features + 1)
+      kernel = nnx.initializers.normal(stddev=std)(rngs.params(), (features, 1), param_dtype)
+    else:
+      kernel = jnp.zeros((features, 1), param_dtype)
+    self.kernel = nnx.Param(kernel)
+    self.bias = nnx.Param(jnp.zeros((1,), param_dtype))
+
+  def rescale(self, gain: float | Array, bias: float | Array) -> None:
+    r"""In place: outputs become `gain * r + bias` (:math:`w \leftarrow g w`,
+    :math:`b \leftarrow g b + c`, computed in float32).
+
+    Raises:
+      ValueError: a gain that is not finite and > 0 (it would flip or erase the preferences),
+        or a bias that is not finite.
+    """
+    gain = jnp.asarray(gain, jnp.float32)
+    bias = jnp.asarray(bias, jnp.float32)
+    if gain.shape or bias.shape:
+      raise ValueError(f"gain and bias must be scalars, got shapes {gain.shape}, {bias.shape}.")
+    if not (bool(jnp.isfinite(gain)) and float(gain) > 0):
+      raise ValueError(f"gain must be finite and > 0, got {float(gain)}.")
+    if not bool(jnp.isfinite(bias)):
+      raise ValueError(f"bias must be finite, got {float(bias)}.")
+    kernel, b = self.kernel[...], self.bias[...]
+    self.kernel[...] = (kernel.astype(jnp.float32) * gain).astype(kernel.dtype)
+    self.bias[...] = (b.astype(jnp.float32) * gain + bias).astype(b.dtype)
+
+  def __call__(self, h: Array) -> Array:
+    w = self.kernel[...].astype(jnp.float32)
+    out = jnp.dot(h.astype(jnp.float32), w) + self.bias[...].astype(jnp.float32)
+    return out[..., 0]

@@ -29,6 +29,7 @@ from jax_ppo.models.layers import (
   Embed,
   Linear,
   Norm,
+  ScalarHead,
   activation_fn,
   apply_rope,
   attention,
@@ -490,8 +491,6 @@ class CausalLM(nnx.Module):
 
   def add_value_head(self) -> None:
     """Adds a zero-initialised scalar value head on this trunk (docs/rlhf_details.md item 15)."""
-    from jax_ppo.models.heads import ScalarHead
-
     self.value_head = ScalarHead(
         self.config.hidden_size, init="zeros", param_dtype=self.decoder.embed.embedding.dtype,
         rngs=nnx.Rngs(0),

@@ -26,9 +26,10 @@ Public API (everything a run needs; see each module for details):
 Runs take the mesh from `RunConfig.mesh` (`jax-ppo train ... mesh.fsdp=2`), `PPOTrainer(...,
 mesh=mesh)` places the policy, reference, critic and reward model on the same mesh (a LoRA
 policy's reference is its own base weights: one copy), and `from_pretrained(path, mesh=mesh)`
-reads each tensor straight into its shards. Global statistics (masked means, whitening, group
-advantages, the KL controller's KL) are computed over the whole batch by XLA's SPMD partitioner:
-they equal the single-device values (`tests/parallel`).
+(`jax_ppo.models.hf`) reads each tensor straight into its shards (`rules.partition_spec`).
+Global statistics (masked means, whitening, group advantages, the KL controller's KL) are
+computed over the whole batch by XLA's SPMD partitioner: they equal the single-device values
+(`tests/parallel`).
 
 This package imports nothing of jax_ppo above it: the per-device memory plan of a PPO update and
 the scale check that runs one on several processes are in `jax_ppo.diagnostics`.

@@ -112,3 +112,9 @@ class MeshJit:
   def _cache_size(self) -> int:
     """Number of compiled programs (as `jax.jit`'s `_cache_size`)."""
     return sum(j._cache_size() for j, _ in self._jitted.values())
+
+
+def compiled_programs(fn: Any) -> int:
+  """Number of programs `fn` (a `jax.jit` function or a `MeshJit`) has compiled so far: one per
+  distinct set of argument shapes, dtypes and shardings."""
+  return fn._cache_size()

@@ -12,8 +12,7 @@ import math
 import numbers
 from typing import ClassVar
 
-from jax_ppo.core import KL_ESTIMATORS
-from jax_ppo.core._checks import REDUCTIONS
+from jax_ppo.core import KL_ESTIMATORS, REDUCTIONS
 from jax_ppo.ppo.advantages import ADVANTAGE_FNS, CRITIC_MODES, GROUP_MODES
 from jax_ppo.training.optim import OptimizerConfig
 

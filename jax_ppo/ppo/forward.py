@@ -4,7 +4,7 @@ Position `s + i - 1` of a `[B, S + T]` sequence (prompt slots `S`, response slot
 response token `i`. `response_logprobs` runs the policy (or its reference) over the whole
 sequence, keeps the hidden states `[B, T, D]` at those positions and scores the response tokens
 with the LM head at a given temperature, chunked over `T` when the float32 logits would exceed
-`chunk_bytes` (`jax_ppo.rollout.token_logprobs.head_logprobs`). It is the only place log-probs
+`chunk_bytes` (`jax_ppo.models.logprobs.head_logprobs`). It is the only place log-probs
 of a response are computed for PPO: the behaviour (old) and new log-probs and the entropy of
 training, the reference log-probs (in the experience program or on the reference's own mesh),
 and evaluation (`PPOTrainer.evaluate`, `jax-ppo eval`, the placed evaluation), so that all of
@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 from jax_ppo.ppo.batch import Batch, batch_view
 from jax_ppo.ppo.state import FrozenParams
 from jax_ppo.rollout.sampler import Rollout
-from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES, head_logprobs
 
 Array = jax.Array
 

@@ -49,6 +49,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES
 from jax_ppo.ppo.batch import Batch, batch_view
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.experience import make_batch
@@ -58,7 +59,6 @@ from jax_ppo.ppo.programs import ppo_step_jits
 from jax_ppo.ppo.state import FrozenParams, TrainState, kl_controller
 from jax_ppo.ppo.update import Updater
 from jax_ppo.rollout.sampler import Rollout
-from jax_ppo.rollout.token_logprobs import LOGITS_CHUNK_BYTES
 
 Array = jax.Array
 
@@ -84,7 +84,7 @@ class PPOSteps:
     forward: the models' forward passes (`jax_ppo.ppo.forward.PolicyForward`).
     updater: the update's functions (`jax_ppo.ppo.update.Updater`).
     logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass of training
-      (default 256 MiB, `rollout.token_logprobs`); larger ones are chunked over `T`, None never
+      (default 256 MiB, `models.logprobs`); larger ones are chunked over `T`, None never
       chunks. Read when the functions are traced: set it before the first call.
   """
 

@@ -19,7 +19,7 @@ SFT-policy samples (or their ids and masks, scored here) and sets `gain = 1 / st
 so those samples score with mean 0 and std 1 and PPO sees normalised scores with no extra
 setting. `export` writes a one-label Hugging Face `*ForSequenceClassification` folder (plus the
 tokenizer): the gain is inside `score.weight`, the bias in `config.json`
-(`jax_ppo.models.checkpoint.SCORE_BIAS_KEY`); `load_scalar_model` returns the normalised scores,
+(`jax_ppo.models.hf.SCORE_BIAS_KEY`); `load_scalar_model` returns the normalised scores,
 transformers the normalised scores minus that constant bias (the same preferences and scale).
 
 `RewardModelSteps` (`jax_ppo.reward_model.pairwise`, with the loss and the normalisation's
@@ -50,8 +50,8 @@ from flax import nnx
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.preferences import explicit_preference, is_chat
 from jax_ppo.data.sft import chat_prompt_response
-from jax_ppo.models.checkpoint import save_pretrained
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop

@@ -33,9 +33,8 @@ from jax_ppo.core import (
   response_mask_from_stop_tokens,
 )
 from jax_ppo.models.errors import VocabularyError
-from jax_ppo.parallel.jit import MeshJit
+from jax_ppo.parallel.jit import MeshJit, compiled_programs
 from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
-from jax_ppo.rollout import token_logprobs
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -83,47 +82,6 @@ class Rollout:
   def response_lengths(self) -> Array:
     """`[B]` int32 number of valid response tokens (stop token included)."""
     return jnp.sum(self.response_mask, axis=1).astype(jnp.int32)
-
-
-def response_logits(model, rollout: Rollout, *, use_lora: bool = True) -> Array:
-  """Teacher-forced logits `[B, T, V]` that score each response token of `rollout`.
-
-  One forward pass over prompt + response with the rollout's attention mask and positions;
-  position `S + t - 1` predicts response token `t`.
-  """
-  s = rollout.prompt_ids.shape[1]
-  t = rollout.response_ids.shape[1]
-  logits = model(
-      rollout.sequence_ids,
-      rollout.attention_mask,
-      positions=rollout.positions,
-      use_lora=use_lora,
-  )
-  return logits[:, s - 1 : s + t - 1]
-
-
-def teacher_forced_logprobs(
-    model, rollout: Rollout, *, temperature: float | Array, use_lora: bool = True
-) -> Array:
-  """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
-
-  The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
-  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`. Same
-  numbers as `gather_logprobs` on `response_logits`, chunked over `T` above
-  `token_logprobs.LOGITS_CHUNK_BYTES` of logits.
-  """
-  s = rollout.prompt_ids.shape[1]
-  t = rollout.response_ids.shape[1]
-  h = model.hidden_states(
-      rollout.sequence_ids, rollout.attention_mask, positions=rollout.positions,
-      use_lora=use_lora,
-  )
-  # Large vocabularies go chunk by chunk over T, never holding [B, T, V] float32 logits.
-  logprobs, _ = token_logprobs.head_logprobs(
-      model, h[:, s - 1 : s + t - 1], rollout.response_ids, temperature,
-      chunk_bytes=token_logprobs.LOGITS_CHUNK_BYTES,
-  )
-  return jnp.where(rollout.response_mask, logprobs, 0.0)
 
 
 def generate(
@@ -398,7 +356,7 @@ class Sampler:
   @property
   def compile_count(self) -> int:
     """Number of distinct programs compiled so far (one per prompt/batch bucket pair)."""
-    return self._generate._cache_size()
+    return compiled_programs(self._generate)
 
   def micro_batch_size(self, num_prompts: int, prompt_length: int) -> int:
     """Prompts per `generate` call for this batch (a batch bucket)."""
@@ -473,6 +431,4 @@ __all__ = [
     "generate",
     "kv_cache_bytes",
     "param_bytes",
-    "response_logits",
-    "teacher_forced_logprobs",
 ]

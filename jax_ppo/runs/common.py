@@ -11,8 +11,8 @@ with `jax_ppo.config_io` (unknown keys are named with the nearest valid one).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import json
+import logging
 import os
 import pathlib
 from collections.abc import Sequence

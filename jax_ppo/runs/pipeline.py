@@ -44,23 +44,23 @@ from typing import Any
 import yaml
 
 from jax_ppo.config_io import (
-    apply_overrides,
-    check_keys,
-    config_from_dict,
-    parse_override,
-    read_config_file,
+  apply_overrides,
+  check_keys,
+  config_from_dict,
+  parse_override,
+  read_config_file,
 )
-from jax_ppo.training.loop import CHECKPOINT_DIR
-from jax_ppo.runs.reward import load_reward_config, RewardRunConfig, run_reward
 from jax_ppo.runs.ppo import (
-    check_eval_sampling,
-    check_prompts_file,
-    evaluate_run,
-    export_run,
-    run_training,
+  check_eval_sampling,
+  check_prompts_file,
+  evaluate_run,
+  export_run,
+  run_training,
 )
-from jax_ppo.runs.ppo_config import load_run_config, RunConfig
-from jax_ppo.runs.sft import load_sft_config, run_sft, SFTRunConfig
+from jax_ppo.runs.ppo_config import RunConfig, load_run_config
+from jax_ppo.runs.reward import RewardRunConfig, load_reward_config, run_reward
+from jax_ppo.runs.sft import SFTRunConfig, load_sft_config, run_sft
+from jax_ppo.training.loop import CHECKPOINT_DIR
 
 logger = logging.getLogger("jax_ppo.pipeline")
 

@@ -30,33 +30,27 @@ from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.data.files import PROMPT_FORMATS, PROMPT_SUFFIXES, check_data_path, read_prompts
 from jax_ppo.data.prompts import PromptDataset
 from jax_ppo.models import (
-    add_lora,
-    check_vocab_covers,
-    from_pretrained,
-    load_config,
-    load_scalar_model,
-    load_tokenizer,
-    resize_token_embeddings,
-    set_remat,
-    value_model_from_reward_model,
+  add_lora,
+  check_vocab_covers,
+  from_pretrained,
+  load_config,
+  load_scalar_model,
+  load_tokenizer,
+  set_remat,
+  value_model_from_reward_model,
 )
 from jax_ppo.parallel.distributed import barrier, is_main_process, multi_process
 from jax_ppo.parallel.placement import make_placement
 from jax_ppo.ppo.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.ppo.presets import check_against_guide
-from jax_ppo.rewards.specs import (
-    MODULE_REWARD,
-    REWARD_FUNCTIONS,
-    import_reward_function,
-    parse_reward_function,
-    reward_function,
-    reward_source_names,
-    RewardSource,
-)
-from jax_ppo.rewards.scorers import CombinedScorer, RewardModelScorer
-from jax_ppo.runs.common import DTYPES, grow_vocab
-from jax_ppo.runs.ppo_config import OPERATIONAL_FIELDS, load_run_config, RunConfig, saved_run_config
 from jax_ppo.ppo.trainer import PPOTrainer
+from jax_ppo.rewards.scorers import CombinedScorer, RewardModelScorer
+from jax_ppo.rewards.specs import (
+  reward_function,
+  reward_source_names,
+)
+from jax_ppo.runs.common import DTYPES, grow_vocab
+from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
 
 logger = logging.getLogger("jax_ppo.run")
 

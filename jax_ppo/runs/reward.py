@@ -34,27 +34,28 @@ from flax import nnx
 from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.models import (
-    add_lora,
-    check_vocab_covers,
-    encode_chat,
-    from_pretrained,
-    load_config,
-    load_scalar_model,
-    load_tokenizer,
-    resize_token_embeddings,
+  add_lora,
+  check_vocab_covers,
+  encode_chat,
+  from_pretrained,
+  load_config,
+  load_scalar_model,
+  load_tokenizer,
+  resize_token_embeddings,
 )
+from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
-from jax_ppo.training.loop import RunOptions
-from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
-from jax_ppo.runs.common import DTYPES, grow_vocab
 from jax_ppo.runs.common import (
-    check_model_folder,
-    check_records_file,
-    load_stage_config,
-    read_records,
-    StageRunConfig,
+  DTYPES,
+  StageRunConfig,
+  check_model_folder,
+  check_records_file,
+  grow_vocab,
+  load_stage_config,
+  read_records,
 )
+from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger("jax_ppo.reward_run")
 

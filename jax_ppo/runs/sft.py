@@ -35,15 +35,16 @@ from jax_ppo.models import (
   load_config,
   load_tokenizer,
 )
-from jax_ppo.runs.common import DTYPES, grow_vocab
-from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
 from jax_ppo.runs.common import (
-    check_model_folder,
-    check_records_file,
-    load_stage_config,
-    read_records,
-    StageRunConfig,
+  DTYPES,
+  StageRunConfig,
+  check_model_folder,
+  check_records_file,
+  grow_vocab,
+  load_stage_config,
+  read_records,
 )
+from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
 
 logger = logging.getLogger("jax_ppo.sft_run")
 

@@ -51,7 +51,7 @@ from jax_ppo.data.sft import (
     pack_examples,
     pad_examples,
 )
-from jax_ppo.models.checkpoint import save_pretrained
+from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.distributed import barrier, is_main_process

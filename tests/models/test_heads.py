@@ -9,7 +9,6 @@ import pytest
 from flax import nnx
 
 from jax_ppo import models
-from jax_ppo.models.heads import ScalarHead
 from tests.models.conftest import hf_config, left_padded_batch
 
 torch = pytest.importorskip("torch", reason="HF reference models are built with PyTorch")
@@ -56,18 +55,6 @@ def test_read_last_valid():
   x = jnp.arange(12.0).reshape(3, 4)
   mask = jnp.array([[1, 1, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0]])
   np.testing.assert_array_equal(models.read_last_valid(x, mask), [1.0, 7.0, 8.0])
-
-
-def test_head_initialisations():
-  d = 4095
-  reward = ScalarHead(d, init="reward", rngs=nnx.Rngs(0))
-  std = float(jnp.std(reward.kernel[...]))
-  assert abs(std - 1 / np.sqrt(d + 1)) < 0.05 / np.sqrt(d + 1)
-  assert float(jnp.abs(reward.bias[...]).max()) == 0
-  value = ScalarHead(d, init="zeros", rngs=nnx.Rngs(0))
-  assert float(jnp.abs(value.kernel[...]).max()) == 0
-  with pytest.raises(ValueError, match="init"):
-    ScalarHead(d, init="ones", rngs=nnx.Rngs(0))
 
 
 def test_reward_model_from_causal_lm_trunk_and_value_copy(hf_checkpoint):

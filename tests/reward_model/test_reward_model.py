@@ -15,9 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jax_ppo import models
-from jax_ppo.models.checkpoint import SCORE_BIAS_KEY
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.hf import SCORE_BIAS_KEY
 from jax_ppo.reward_model.pairwise import (
   bradley_terry_loss,
   normalisation_from_scores,

@@ -10,6 +10,7 @@ from flax import nnx
 
 from jax_ppo.core import response_mask_from_stop_tokens
 from jax_ppo.models.config import ModelConfig
+from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import (
@@ -18,7 +19,6 @@ from jax_ppo.rollout.sampler import (
     estimate_generation_bytes,
     kv_cache_bytes,
     param_bytes,
-    teacher_forced_logprobs,
 )
 
 STOP = 3

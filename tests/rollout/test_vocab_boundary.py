@@ -107,7 +107,7 @@ def test_pad_id_inside_prompt_text_is_a_real_token(model):
 
 
 def test_eager_calls_check_ids_and_jitted_calls_stay_unchecked(model):
-  from jax_ppo.rollout.sampler import teacher_forced_logprobs
+  from jax_ppo.models.logprobs import teacher_forced_logprobs
 
   with pytest.raises(VocabularyError, match=rf"input_ids has token id {V} at position \(0, 1\)"):
     model(np.array([[5, V, 6]]))

@@ -50,7 +50,6 @@ def test_guarded_update_equals_the_optax_step_when_finite():
 def test_guarded_update_skips_a_non_finite_step_bit_for_bit(bad):
   params = _params()
   tx, _ = make_optimizer(OptimizerConfig(learning_rate=0.1), 10)
-  opt_state = tx.init(params)
   grads = jax.tree.map(jnp.ones_like, params)
   loss = jnp.float32(1.0)
   if bad == "loss":

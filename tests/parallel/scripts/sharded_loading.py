@@ -19,11 +19,11 @@ from flax import nnx, traverse_util
 from safetensors.numpy import load_file
 from tiny_setup import MODEL
 
-from jax_ppo.models.checkpoint import from_pretrained, load_scalar_model, save_pretrained
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.hf import from_pretrained, load, load_scalar_model, save_pretrained
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.parallel import MeshConfig, loading, make_mesh
+from jax_ppo.parallel import MeshConfig, make_mesh
 
 GPT2 = ModelConfig(
     model_type="gpt2", vocab_size=64, hidden_size=32, intermediate_size=128, num_layers=2,
@@ -54,18 +54,18 @@ def check(name: str, config: ModelConfig, tmp: str, mesh) -> dict:
   save_pretrained(model, src)
   host = flat_params(from_pretrained(src))
   reads = []  # (tensor name, elements read) of every slice read from the files
-  read_slice = loading._read_slice
+  read_slice = load.read_slice
 
-  def spy(file, name, bounds, **kw):
-    out = read_slice(file, name, bounds, **kw)
+  def spy(file, name, index, **kw):
+    out = read_slice(file, name, index, **kw)
     reads.append((name, out.size))
     return out
 
-  loading._read_slice = spy
+  load.read_slice = spy
   try:
     sharded_model = from_pretrained(src, mesh=mesh)
   finally:
-    loading._read_slice = read_slice
+    load.read_slice = read_slice
   sharded = flat_params(sharded_model)
   save_pretrained(sharded_model, back)
   equal = all(np.array_equal(np.asarray(host[p]), np.asarray(sharded[p])) for p in host)

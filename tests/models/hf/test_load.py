@@ -1,16 +1,25 @@
-"""Bad checkpoint folders give one clear error naming the file: missing, truncated or corrupt
-safetensors files and shard indexes, a broken config.json, an unsupported architecture."""
+"""Loading checkpoint folders (`jax_ppo.models.hf.load`).
+
+The host and the sharded path fill one read plan with the same reads and values; bad checkpoint
+folders give one clear error naming the file: missing, truncated or corrupt safetensors files and
+shard indexes, a broken config.json, an unsupported architecture, missing, unexpected or
+mis-shaped tensors."""
 
 from __future__ import annotations
 
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
-from flax import nnx
+from flax import nnx, traverse_util
+from safetensors.numpy import load_file, save_file
 
 from jax_ppo import models
 from jax_ppo.models import errors
+from jax_ppo.models.hf import load
+from jax_ppo.parallel import MeshConfig, make_mesh
 from tests.models.conftest import hf_config
 
 
@@ -40,14 +49,60 @@ def _truncate(file, keep):
     f.write(data[: keep if keep >= 0 else len(data) + keep])
 
 
+def _flat(model):
+  return traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model)))
+
+
+@pytest.mark.parametrize("family", ["llama2", "gpt2"])  # torch layout; fused c_attn
+def test_host_and_sharded_paths_fill_one_plan(family, tmp_path, monkeypatch):
+  config = models.config.config_from_hf(hf_config(family))
+  model = models.CausalLM(config, rngs=nnx.Rngs(0))
+  state = nnx.state(model)  # biases and norm gains away from their init, so a wrong slice shows
+  nnx.update(model, jax.tree.map(
+      lambda x: x + 0.1 * jax.random.normal(jax.random.PRNGKey(x.size), x.shape), state))
+  path = str(tmp_path / family)
+  models.save_pretrained(model, path)
+  plans, reads = [], []
+  read_plan, read_slice = load.read_plan, load.read_slice
+
+  def spy_plan(*args, **kw):
+    plans.append(read_plan(*args, **kw))
+    return plans[-1]
+
+  def spy_slice(file, name, index, **kw):
+    out = read_slice(file, name, index, **kw)
+    reads[-1].append((name, out.size))
+    return out
+
+  monkeypatch.setattr(load, "read_plan", spy_plan)
+  monkeypatch.setattr(load, "read_slice", spy_slice)
+  reads.append([])
+  host = _flat(models.from_pretrained(path))
+  reads.append([])
+  sharded = _flat(models.from_pretrained(path, mesh=make_mesh(MeshConfig(data=1))))
+  assert len(plans) == 2 and plans[0] == plans[1]
+  fused = {s.tensor for s in plans[0].sources.values() if s.offset}
+  assert bool(fused) == (family == "gpt2")
+  assert set(host) == set(sharded) == set(_flat(model))
+  for p, want in _flat(model).items():
+    np.testing.assert_array_equal(np.asarray(host[p]), np.asarray(want), err_msg=str(p))
+    np.testing.assert_array_equal(np.asarray(sharded[p]), np.asarray(want), err_msg=str(p))
+  # Both read every planned tensor and each parameter element exactly once.
+  planned = {s.tensor for s in plans[0].sources.values()}
+  elements = sum(np.size(x) for x in host.values())
+  for r in reads:
+    assert {name for name, _ in r} == planned
+    assert sum(n for _, n in r) == elements
+
+
 @pytest.mark.parametrize("keep", [0, 5, 60, -4])  # empty, no header, cut header, cut data
 def test_truncated_safetensors_file_is_named(saved, tmp_path, keep):
   path = _copy(saved[False], tmp_path / "ckpt")
   file = os.path.join(path, "model.safetensors")
   _truncate(file, keep)
-  for load in (models.from_pretrained, models.load_scalar_model):
+  for load_fn in (models.from_pretrained, models.load_scalar_model):
     with pytest.raises(errors.ModelFileError, match="truncated or corrupt") as err:
-      load(path)
+      load_fn(path)
     assert file in str(err.value)
     assert isinstance(err.value, ValueError)
 
@@ -138,3 +193,49 @@ def test_unsupported_option_is_an_unsupported_model_error():
   hf = hf_config("llama2", rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0))
   with pytest.raises(errors.UnsupportedModelError, match="yarn"):
     models.config.config_from_hf(hf)
+
+
+def test_unsupported_model_type_lists_supported(tmp_path):
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump({"model_type": "bert", "vocab_size": 10}, f)
+  with pytest.raises(ValueError, match="bert") as err:
+    models.from_pretrained(str(tmp_path))
+  for family in models.SUPPORTED_MODEL_TYPES:
+    assert family in str(err.value)
+  with pytest.raises(ValueError, match="supported"):
+    models.config.config_from_hf(type("C", (), {"model_type": "gemma"})())
+
+
+def test_missing_and_unexpected_tensors_are_named(hf_checkpoint, tmp_path):
+  _, path = hf_checkpoint("qwen3")
+  dst = _copy(path, tmp_path / "ckpt")
+  file = os.path.join(dst, "model.safetensors")
+  tensors = load_file(file)
+  del tensors["model.layers.1.self_attn.k_norm.weight"]
+  tensors["model.layers.0.mlp.extra.weight"] = np.zeros((2, 2), np.float32)
+  save_file(tensors, file, metadata={"format": "pt"})
+  with pytest.raises(ValueError) as err:
+    models.from_pretrained(dst)
+  message = str(err.value)
+  assert "missing tensors: model.layers.1.self_attn.k_norm.weight" in message
+  assert "unexpected tensors: model.layers.0.mlp.extra.weight" in message
+
+
+def test_shape_mismatch_names_tensor_and_shapes(hf_checkpoint, tmp_path):
+  _, path = hf_checkpoint("llama2")
+  dst = _copy(path, tmp_path / "ckpt")
+  file = os.path.join(dst, "model.safetensors")
+  tensors = load_file(file)
+  tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((65, 32), np.float32)
+  save_file(tensors, file, metadata={"format": "pt"})
+  pattern = r"model\.layers\.1\.mlp\.up_proj\.weight.*\(65, 32\).*\(64, 32\)"
+  with pytest.raises(ValueError, match=pattern):
+    models.from_pretrained(dst)
+
+
+def test_missing_weights_file(tmp_path, hf_checkpoint):
+  _, path = hf_checkpoint("gpt2")
+  dst = _copy(path, tmp_path / "ckpt")
+  os.remove(os.path.join(dst, "model.safetensors"))
+  with pytest.raises(FileNotFoundError, match="model.safetensors"):
+    models.from_pretrained(dst)

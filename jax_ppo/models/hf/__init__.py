@@ -1,0 +1,52 @@
+"""Hugging Face checkpoint folders in and out (safetensors, `config.json`).
+
+* `tensors`: HF tensor names <-> our parameters (`tensor_specs`), the shape rules, the split of
+  fused tensors, and the one `read_plan` (which file, tensor and columns fill each parameter);
+* `load`: `from_pretrained`, `load_scalar_model`, `load_config`; the plan is filled on the host
+  or, given a mesh, straight into each device's shards;
+* `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`).
+"""
+
+from jax_ppo.models.hf.load import (
+    checkpoint_index,
+    fill_on_host,
+    fill_sharded,
+    from_pretrained,
+    load_config,
+    load_params,
+    load_scalar_model,
+    read_slice,
+    tensor_shape,
+)
+from jax_ppo.models.hf.save import save_pretrained
+from jax_ppo.models.hf.tensors import (
+    INDEX_FILE,
+    SCORE_BIAS_KEY,
+    SINGLE_FILE,
+    ReadPlan,
+    Source,
+    TensorSpec,
+    read_plan,
+    tensor_specs,
+)
+
+__all__ = [
+    "INDEX_FILE",
+    "SCORE_BIAS_KEY",
+    "SINGLE_FILE",
+    "ReadPlan",
+    "Source",
+    "TensorSpec",
+    "checkpoint_index",
+    "fill_on_host",
+    "fill_sharded",
+    "from_pretrained",
+    "load_config",
+    "load_params",
+    "load_scalar_model",
+    "read_plan",
+    "read_slice",
+    "save_pretrained",
+    "tensor_shape",
+    "tensor_specs",
+]

@@ -1,0 +1,147 @@
+"""Log-probs and entropies of response tokens under a causal LM's head, chunked when the
+vocabulary is large: the one log-prob path of training, evaluation and the sampler.
+
+`head_logprobs` scores tokens from final hidden states: below `LOGITS_CHUNK_BYTES` of float32
+logits it projects the whole `[B, T, D]` hidden states to `[B, T, V]` logits at once (the fastest
+path at small vocabularies); above it, `jax_ppo.core.chunked_logprobs` projects and reduces
+`T`-chunk by `T`-chunk, so neither the forward nor the backward pass holds the whole logits
+(at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 55 steps
+256 MiB). Same numbers either way (tests/models/test_logprobs.py).
+
+`teacher_forced_logprobs` recomputes the log-probs of sampled responses with one forward pass over
+prompt + response (the PPO step's old, reference and new log-probs); `response_logits` returns
+that pass's full logits. Both take any `ResponseBatch`, e.g. the sampler's `Rollout`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+
+from jax_ppo import core
+
+Array = jax.Array
+
+
+class ResponseBatch(Protocol):
+  """Prompts and responses scored by a teacher-forced pass (`jax_ppo.rollout.sampler.Rollout`).
+
+  Attributes:
+    prompt_ids: `[B, S]` int left-padded prompt ids.
+    response_ids: `[B, T]` int response ids.
+    response_mask: `[B, T]` bool, True on valid response tokens.
+    positions: `[B, S + T]` int position ids of prompt + response.
+    sequence_ids: `[B, S + T]` prompt followed by response.
+    attention_mask: `[B, S + T]`, 1 on prompt and valid response tokens.
+  """
+
+  prompt_ids: Array
+  response_ids: Array
+  response_mask: Array
+  positions: Array
+
+  @property
+  def sequence_ids(self) -> Array: ...
+
+  @property
+  def attention_mask(self) -> Array: ...
+
+
+LOGITS_CHUNK_BYTES = 256 * 2**20
+"""Default limit on the float32 logits of one log-prob/entropy pass (256 MiB): e.g. 8 rows x 55
+steps at a 151,936-token vocabulary. Every vocabulary up to ~65k at 8 x 128 response tokens stays
+unchunked."""
+
+
+def logits_chunk(rows: int, steps: int, vocab: int, limit: int | None) -> int | None:
+  """Steps per chunk for `rows x steps` tokens over `vocab` entries, or None (no chunking).
+
+  None when `limit` is None or the whole float32 logits `rows * steps * vocab * 4` bytes fit in
+  `limit`; otherwise the most steps whose logits fit (at least 1).
+  """
+  row_bytes = rows * vocab * 4
+  if limit is None or steps * row_bytes <= limit:
+    return None
+  return max(1, min(steps, limit // row_bytes))
+
+
+def head_logprobs(
+    model,
+    hidden: Array,
+    tokens: Array,
+    temperature: float | Array,
+    *,
+    entropy: str | None = None,
+    chunk_bytes: int | None = LOGITS_CHUNK_BYTES,
+) -> tuple[Array, Array | None]:
+  """Log-probs (and entropies) `[B, T]` float32 of `tokens` under `model`'s LM head.
+
+  Args:
+    model: a `CausalLM` (its `logits_from_hidden` and `config.vocab_size` are used).
+    hidden: `[B, T, D]` final hidden states; position `t` scores `tokens[:, t]`.
+    tokens: `[B, T]` int token ids.
+    temperature: the sampling temperature (docs/rlhf_details.md item 3).
+    entropy: "grad", "no_grad" (under `stop_gradient`) or None (not computed, returns None).
+    chunk_bytes: float32 logits above this many bytes are computed in chunks over `T`
+      (`logits_chunk`); None never chunks.
+
+  Returns:
+    `(logprobs, entropy)`, float32 `[B, T]` each (`entropy` None when not asked for).
+  """
+  if entropy not in ("grad", "no_grad", None):
+    raise ValueError(f"`entropy` must be 'grad', 'no_grad' or None, got {entropy!r}.")
+  b, t = tokens.shape
+  chunk = logits_chunk(b, t, model.config.vocab_size, chunk_bytes)
+  if chunk is not None:
+    return core.chunked_logprobs(
+        hidden, model.logits_from_hidden, tokens, temperature, chunk_size=chunk, entropy=entropy
+    )
+  logits = model.logits_from_hidden(hidden)
+  logprobs = core.gather_logprobs(logits, tokens, temperature)
+  if entropy is None:
+    return logprobs, None
+  src = logits if entropy == "grad" else jax.lax.stop_gradient(logits)
+  return logprobs, core.entropy_from_logits(src, temperature)
+
+
+def response_logits(model, rollout: ResponseBatch, *, use_lora: bool = True) -> Array:
+  """Teacher-forced logits `[B, T, V]` that score each response token of `rollout`.
+
+  One forward pass over prompt + response with the rollout's attention mask and positions;
+  position `S + t - 1` predicts response token `t`.
+  """
+  s = rollout.prompt_ids.shape[1]
+  t = rollout.response_ids.shape[1]
+  logits = model(
+      rollout.sequence_ids,
+      rollout.attention_mask,
+      positions=rollout.positions,
+      use_lora=use_lora,
+  )
+  return logits[:, s - 1 : s + t - 1]
+
+
+def teacher_forced_logprobs(
+    model, rollout: ResponseBatch, *, temperature: float | Array, use_lora: bool = True
+) -> Array:
+  """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
+
+  The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
+  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`. Same
+  numbers as `gather_logprobs` on `response_logits`, chunked over `T` above
+  `LOGITS_CHUNK_BYTES` of logits.
+  """
+  s = rollout.prompt_ids.shape[1]
+  t = rollout.response_ids.shape[1]
+  h = model.hidden_states(
+      rollout.sequence_ids, rollout.attention_mask, positions=rollout.positions,
+      use_lora=use_lora,
+  )
+  # Large vocabularies go chunk by chunk over T, never holding [B, T, V] float32 logits.
+  logprobs, _ = head_logprobs(
+      model, h[:, s - 1 : s + t - 1], rollout.response_ids, temperature,
+      chunk_bytes=LOGITS_CHUNK_BYTES,
+  )
+  return jnp.where(rollout.response_mask, logprobs, 0.0)

@@ -1,0 +1,18 @@
+"""jax_ppo.runs: the stages run from config files, as the `jax-ppo` command line runs them.
+
+`common` (what the stage runs share: record files, model folders, dtypes), `ppo_config`
+(`RunConfig`), `ppo` (`run_training`, evaluation and export of run folders), `sft`, `reward`,
+`pipeline` (SFT -> reward model -> PPO from one file).
+"""
+
+from jax_ppo.runs.ppo import build_trainer, evaluate_run, export_run, run_training
+from jax_ppo.runs.ppo_config import RunConfig, load_run_config
+
+__all__ = [
+    "RunConfig",
+    "build_trainer",
+    "evaluate_run",
+    "export_run",
+    "load_run_config",
+    "run_training",
+]
