@@ -406,3 +406,22 @@ def test_sigterm_during_sft_checkpoints_and_the_rerun_ends_like_the_uninterrupte
     assert second.step_count == 2  # the checkpoint written on the signal (save_every=10)
     second.train()
   jax.tree.map(np.testing.assert_array_equal, want, jax.tree.map(np.asarray, second.state))
+
+
+def test_a_multi_process_job_without_a_mesh_is_one_clear_error(tmp_path, monkeypatch):
+  """Several processes each training the whole model on their own devices would silently
+  diverge: without a mesh both the trainer and `jax-ppo sft` refuse, naming the fix."""
+  from jax_ppo.parallel import host_rows
+  from jax_ppo.runs import sft as sft_run
+
+  monkeypatch.setattr(host_rows, "multi_process", lambda: True)
+  with pytest.raises(ValueError, match=r"a multi-process run trains on one device mesh .*"
+                                       r"SFTRunConfig\.mesh"):
+    _trainer()
+  monkeypatch.setattr(sft_run, "multi_process", lambda: True)
+  (tmp_path / "config.json").write_text("{}")
+  config = sft_run.SFTRunConfig(model_path=str(tmp_path), train_path="t.jsonl",
+                                run_dir=str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=r"SFTRunConfig\.mesh=None, but this is one of several "
+                                       r"processes.*mesh\.data=-1"):
+    sft_run.build_sft_trainer(config)
