@@ -16,8 +16,9 @@ of the whole global batch, so the step equals the single-device step (up to floa
 order). Several processes (a multi-host job, `jax_ppo.parallel.distributed`; a mesh is required):
 every process tokenises the records and computes the same batch order, but puts only the rows
 its own devices hold into each global batch (`jax_ppo.parallel.host_rows.global_rows`);
-evaluation sums are global; process 0 alone writes logs, checkpoints' metadata and the export
-(`RunLoop`, `jax_ppo.training.export.export_pretrained`).
+evaluation sums are global; process 0 alone writes the logs, `config.yaml` and the export
+(`RunLoop`, `jax_ppo.training.export.export_pretrained`), Orbax the checkpoints from every
+process.
 """
 
 from __future__ import annotations
