@@ -6,9 +6,10 @@ Usage:
       reward.train_path=data/preferences.jsonl ppo.prompts_path=data/prompts.jsonl
 
 The YAML names one config per stage (a file or an inline mapping; `jax_ppo.runs.pipeline`
-says how they connect); `key=value` overrides start with the stage (`sft.sft.learning_rate=1e-5`,
-`ppo.ppo.total_updates=50`). Each stage trains in its own run folder and exports a Hugging Face
-folder that the next stage starts from; the same command run again resumes where it stopped.
+says how they connect); `key=value` overrides start with the stage
+(`sft.sft.optimizer.learning_rate=1e-5`, `ppo.ppo.total_updates=50`). Each stage trains in its
+own run folder and exports a Hugging Face folder that the next stage starts from; the same
+command run again resumes where it stopped.
 Prints one JSON line per stage (with its time) and exits 2 on bad input with one line naming the
 field and the fix.
 """

@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="dtype of the written weights (default: as trained)")
   for name, what, example in (
       ("sft", "supervised fine-tuning of a local Hugging Face causal LM (the SFT stage)",
-       "model_path=models/qwen3 train_path=sft.jsonl sft.learning_rate=1e-5"),
+       "model_path=models/qwen3 train_path=sft.jsonl sft.optimizer.learning_rate=1e-5"),
       ("reward", "train, normalise and export a pairwise reward model (the reward stage)",
        "model_path=runs/sft/hf_model train_path=prefs.jsonl reward.num_epochs=2"),
   ):

@@ -32,8 +32,8 @@ from tests.tiny_hf_run import make_checkpoint, write_data  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
-SFT = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4", "sft.warmup_steps=0",
-       "progress=false", "tensorboard=false"]
+SFT = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4",
+       "sft.optimizer.warmup_steps=0", "progress=false", "tensorboard=false"]
 REWARD = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4", "reward.total_steps=2",
           "normalise_max_new_tokens=4", "progress=false"]
 
@@ -63,7 +63,7 @@ def test_sft_resumes_refuses_a_changed_config_and_exports(assets, tmp_path, caps
   assert (run_dir / "config.yaml").is_file() and (run_dir / "metrics.jsonl").is_file()
 
   # A computing field changed: refused, naming the field; nothing trained.
-  assert main([*argv, "sft.learning_rate=1e-3"]) == 2
+  assert main([*argv, "sft.optimizer.learning_rate=1e-3"]) == 2
   out, err = capsys.readouterr()
   assert "learning_rate" in err and len(err.strip().splitlines()) == 1
 
@@ -159,7 +159,9 @@ def _write(path: pathlib.Path, text: str) -> str:
 
 
 @pytest.mark.parametrize("stage,extra,message", [
-    ("sft", ["sft.learning_rat=1e-5"], "Did you mean 'learning_rate'"),
+    ("sft", ["sft.optimizer.learning_rat=1e-5"], "Did you mean 'learning_rate'"),
+    ("sft", ["sft.learning_rate=1e-5"], "Config key 'sft.learning_rate' has moved to "
+                                        "'sft.optimizer.learning_rate'"),
     ("sft", ["dtype=float8"], "SFTRunConfig.dtype='float8' is invalid"),
     ("sft", ["steps_per_run=0"], "SFTRunConfig.steps_per_run=0 is invalid"),
     ("sft", ["sft.batch_size=0"], "SFTConfig.batch_size=0 is invalid"),
@@ -239,10 +241,10 @@ def test_pipeline_wiring_and_errors(tmp_path):
               "ppo": {"prompts_path": "q.jsonl", "reward_function": "length"}}
   path = tmp_path / "pipe.yaml"
   path.write_text(yaml.safe_dump(pipeline))
-  configs = load_pipeline([str(path), "sft.sft.learning_rate=1e-4"])
+  configs = load_pipeline([str(path), "sft.sft.optimizer.learning_rate=1e-4"])
   sft, reward, ppo = configs["sft"], configs["reward"], configs["ppo"]
   assert (sft.model_path, sft.run_dir) == ("base", str(tmp_path / "out" / "sft"))
-  assert sft.sft.learning_rate == 1e-4
+  assert sft.sft.optimizer.learning_rate == 1e-4
   assert reward.model_path == reward.policy_path == str(sft.export_path) == ppo.policy_path
   assert ppo.reward_model_path is None and ppo.reward_function == "length"
   # Without a reward function PPO reads the reward stage's export; an override still wins.

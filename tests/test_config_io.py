@@ -399,7 +399,7 @@ def _stage_configs() -> list:
   from jax_ppo.runs.ppo_config import RunConfig
   from jax_ppo.runs.reward import RewardRunConfig
   from jax_ppo.runs.sft import SFTRunConfig
-  from jax_ppo.sft.trainer import SFTConfig
+  from jax_ppo.sft import SFTConfig, SFTOptimizer
 
   return [
       RunConfig(
@@ -413,7 +413,8 @@ def _stage_configs() -> list:
           monitor=MonitorConfig(kl_threshold=0.2, kl_length_key=None),
       ),
       SFTRunConfig(model_path="m", train_path="sft.jsonl", run_dir="runs/sft", steps_per_run=2,
-                   sft=SFTConfig(learning_rate=1e-5, packing=True, total_steps=40),
+                   sft=SFTConfig(optimizer=SFTOptimizer(learning_rate=1e-5), packing=True,
+                                 total_steps=40),
                    lora=LoRAConfig(rank=2)),
       RewardRunConfig(model_path="m", train_path="prefs.json", run_dir="runs/rm",
                       policy_path="runs/sft/hf_model", normalise=False,

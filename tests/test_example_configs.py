@@ -30,8 +30,8 @@ CONFIGS = ROOT / "experiments" / "configs"
 EXPERIMENTS = ROOT / "experiments"
 
 SFT_SMALL = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4", "sft.total_steps=2",
-             "sft.gradient_accumulation_steps=1", "sft.warmup_steps=0", "sft.eval_every=0",
-             "progress=false"]
+             "sft.gradient_accumulation_steps=1", "sft.optimizer.warmup_steps=0",
+             "sft.eval_every=0", "progress=false"]
 REWARD_SMALL = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4",
                 "reward.total_steps=2", "reward.warmup_steps=0", "reward.eval_every=0",
                 "normalise_samples=4", "normalise_max_new_tokens=4", "progress=false"]

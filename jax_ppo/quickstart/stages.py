@@ -168,7 +168,7 @@ def stage_sft(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, train: list[d
               held: list[dict], *, progress: bool = True) -> tuple[pathlib.Path, dict | None]:
   """Trains the random-init model by SFT on the reviews; returns `(hf folder, eval metrics)`
   (None when the stage was already done)."""
-  from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
+  from jax_ppo.sft import SFTConfig, SFTOptimizer, SFTTrainer
 
   run_dir = out / "sft"
   hf = run_dir / "hf"
@@ -177,8 +177,9 @@ def stage_sft(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, train: list[d
   model = CausalLM(model_config(cfg, tokenizer), rngs=nnx.Rngs(cfg.seed))
   sft_config = SFTConfig(
       max_length=cfg.max_length, batch_size=cfg.sft_batch_size, total_steps=cfg.sft_steps,
-      eval_every=cfg.sft_eval_every, learning_rate=cfg.sft_learning_rate, lr_schedule="cosine",
-      warmup_steps=min(20, cfg.sft_steps // 10), seed=cfg.seed,
+      eval_every=cfg.sft_eval_every, seed=cfg.seed,
+      optimizer=SFTOptimizer(learning_rate=cfg.sft_learning_rate, lr_schedule="cosine",
+                             warmup_steps=min(20, cfg.sft_steps // 10)),
   )
   with SFTTrainer(sft_config, model, train_data=train, eval_data=held, tokenizer=tokenizer,
                   run_dir=run_dir, run_options=_run_options(cfg.sft_steps // 4, progress=progress,

@@ -17,7 +17,7 @@ Wiring (it replaces what the stage's file says, so the stage files also work on 
 `reward.policy_path` are the SFT export (or `model_path` without an SFT stage); `ppo.policy_path`
 is the SFT export (or `model_path`); `ppo.reward_model_path` is the reward stage's export unless
 the PPO config names a `reward_function`. A stage set to null (or left out) is skipped.
-Overrides are `key=value` with the stage's name first (`sft.sft.learning_rate=1e-5`,
+Overrides are `key=value` with the stage's name first (`sft.sft.optimizer.learning_rate=1e-5`,
 `reward.train_path=prefs.jsonl`, `ppo.ppo.total_updates=10`) or a top-level key
 (`model_path=...`, `out_dir=...`).
 

@@ -13,8 +13,15 @@ Example config (YAML)::
   model_path: models/Qwen3-0.6B
   train_path: data/sft.jsonl        # {"prompt": ..., "response": ...} or {"messages": [...]}
   run_dir: runs/sft
-  sft: {max_length: 512, batch_size: 16, learning_rate: 2.0e-5, num_epochs: 1,
-        eval_fraction: 0.05}
+  sft: {max_length: 512, batch_size: 16, num_epochs: 1, eval_fraction: 0.05,
+        optimizer: {learning_rate: 2.0e-5}}
+  mesh: {data: -1}                  # optional: data parallel over every device (fsdp/tensor too)
+
+With `mesh` the model is read from the folder straight into its shards
+(`from_pretrained(..., mesh=mesh)`) and trained on the mesh (`SFTTrainer(mesh=...)`); a
+multi-process job (`distributed`) needs one. A run folder written before `sft.optimizer`
+existed (flat `sft.learning_rate`, ...) resumes with the same meaning: the checkpoints' saved
+configuration is read through `jax_ppo.config_io.migrate_keys` (`SFTConfig.MOVED_KEYS`).
 """
 
 from __future__ import annotations
@@ -29,22 +36,24 @@ from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.models import (
-  add_lora,
-  check_vocab_covers,
-  from_pretrained,
-  load_config,
-  load_tokenizer,
+    add_lora,
+    check_vocab_covers,
+    from_pretrained,
+    load_config,
+    load_tokenizer,
 )
+from jax_ppo.parallel.distributed import multi_process
+from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.runs.common import (
-  DTYPES,
-  StageRunConfig,
-  check_model_folder,
-  check_records_file,
-  grow_vocab,
-  load_stage_config,
-  read_records,
+    DTYPES,
+    StageRunConfig,
+    check_model_folder,
+    check_records_file,
+    grow_vocab,
+    load_stage_config,
+    read_records,
 )
-from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
+from jax_ppo.sft import SFTConfig, SFTTrainer
 
 logger = logging.getLogger("jax_ppo.sft_run")
 
@@ -54,7 +63,7 @@ class SFTRunConfig(StageRunConfig):
   `sft.prompt_field`, `sft.response_field` and `sft.messages_field`."""
 
   sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
-  """SFT hyperparameters (`jax_ppo.sft.trainer.SFTConfig`)."""
+  """SFT hyperparameters (`jax_ppo.sft.SFTConfig`)."""
 
   def __post_init__(self):
     super().__post_init__()
@@ -69,8 +78,15 @@ def load_sft_config(argv: Sequence[str]) -> SFTRunConfig:
 
 def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   """Loads the model, tokenizer and records of `config` and builds the trainer (which resumes
-  from the run folder's latest checkpoint)."""
+  from the run folder's latest checkpoint); with `config.mesh` the model is read straight into
+  its shards on that mesh."""
   check_model_folder("SFTRunConfig.model_path", config.model_path)
+  if config.mesh is None and multi_process():  # (before loading anything)
+    raise ValueError(
+        "SFTRunConfig.mesh=None, but this is one of several processes of a multi-process job: "
+        "give a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or "
+        "mesh.fsdp=-1.")
+  mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.sft
   need = ((c.messages_field, c.prompt_field), (c.messages_field, c.response_field))
   for field in ("train_path", "eval_path"):
@@ -80,7 +96,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = from_pretrained(config.model_path, dtype=DTYPES[config.dtype],
-                          param_dtype=jnp.float32)
+                          param_dtype=jnp.float32, mesh=mesh)
   grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
@@ -89,7 +105,8 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   evaluation = None if config.eval_path is None else read_records(
       config.eval_path, field="SFTRunConfig.eval_path", required=need)
   return SFTTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
-                    run_dir=config.run_dir, run_options=config.run_options(), run_config=config)
+                    run_dir=config.run_dir, run_options=config.run_options(), run_config=config,
+                    mesh=mesh)
 
 
 def run_sft(config: SFTRunConfig) -> dict[str, Any]:

@@ -1,5 +1,12 @@
-"""jax_ppo.sft: supervised fine-tuning, the first RLHF stage (`SFTConfig`, `SFTTrainer`)."""
+"""jax_ppo.sft: supervised fine-tuning, the first RLHF stage.
 
-from jax_ppo.sft.trainer import SFTConfig, SFTTrainer
+`config` (`SFTConfig`, its optimizer block `SFTOptimizer`), `steps` (the batch, the loss and
+the compiled steps, on one device or a mesh), `trainer` (`SFTTrainer`, the host side).
+"""
 
-__all__ = ["SFTConfig", "SFTTrainer"]
+from jax_ppo.sft.config import SFTConfig, SFTOptimizer
+from jax_ppo.sft.steps import SFTBatch, SFTSteps, sft_loss, token_nll
+from jax_ppo.sft.trainer import SFTTrainer
+
+__all__ = ["SFTBatch", "SFTConfig", "SFTOptimizer", "SFTSteps", "SFTTrainer", "sft_loss",
+           "token_nll"]

@@ -1,49 +1,41 @@
-r"""Supervised fine-tuning (SFT): next-token cross-entropy on the response given the prompt.
+"""Supervised fine-tuning (SFT), the first RLHF stage: `SFTTrainer`, the host side.
 
-The first stage of RLHF. For a batch of rows with targets :math:`y_{b,t}` (the next token) and a
-loss mask :math:`m_{b,t}` that is 1 exactly where :math:`y_{b,t}` is a response token (prompt
-tokens and padding carry no loss):
-
-.. math::
-   \mathcal{L} = \frac{1}{N} \sum_{b,t} m_{b,t}\,\bigl(-\log \pi_\theta(y_{b,t} \mid x_{b,\le t})
-   \bigr), \qquad N = \sum_{b,t} m_{b,t}
-
-Normalisation: a token mean over the valid target tokens of the whole optimizer batch. With
-gradient accumulation every microbatch's summed loss is divided by the batch's total `N` (not by
-its own count), so the accumulated gradient is exactly the full batch's gradient whatever the
-split (docs/rlhf_details.md item 18 makes the same choice for PPO). Log-softmax is float32
-(`jax_ppo.core.gather_logprobs`). The evaluation loss uses the same token mean over the whole
-held-out split, and the perplexity is `exp(eval loss)`.
-
-`SFTSteps` holds the pure, jitted step; `SFTTrainer` the host side: tokenising records (chat
-templates through the tokenizer, EOS appended), padding or packing rows (`jax_ppo.data.sft`), a
-held-out split, a deterministic batch order (`[seed, epoch]`-seeded permutations, so the step
-count alone fixes the data position and a resumed run sees the batches of the uninterrupted
-one), evaluation and export. With a `run_dir` the shared `RunLoop` writes `config.yaml`,
+`SFTTrainer` tokenises records (chat templates through the tokenizer, EOS appended), pads or
+packs rows (`jax_ppo.data.sft`), holds out a split, orders the batches deterministically
+(`jax_ppo.training.state.batch_rows`: `[seed, epoch]`-seeded permutations, so the step count
+alone fixes the data position and a resumed run sees the batches of the uninterrupted one),
+evaluates and exports. The loss and the compiled steps are `jax_ppo.sft.steps`, the config
+`jax_ppo.sft.config`. With a `run_dir` the shared `RunLoop` writes `config.yaml`,
 `metrics.jsonl`, checkpoints and a progress bar, and resumes from the latest checkpoint, as for
 PPO.
+
+On a device mesh (`mesh=`, `jax_ppo.parallel.make_mesh`) the parameters and the optimizer
+moments are split by the logical-axis rules (FSDP over `fsdp`, tensor parallelism over
+`tensor`), each batch's rows over `data` x `fsdp`, and the loss is normalised by the token count
+of the whole global batch, so the step equals the single-device step (up to float summation
+order). Several processes (a multi-host job, `jax_ppo.parallel.distributed`; a mesh is required):
+every process tokenises the records and computes the same batch order, but puts only the rows
+its own devices hold into each global batch (`jax_ppo.parallel.host_rows.global_rows`);
+evaluation sums are global; process 0 alone writes the logs, `config.yaml` and the export
+(`RunLoop`, `jax_ppo.training.export.export_pretrained`), Orbax the checkpoints from every
+process.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import pathlib
-import types
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx, struct
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
 
-from jax_ppo import core
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.sft import (
-    ASSISTANT_TURNS,
     SFTExample,
     SFTRows,
     encode_records,
@@ -51,265 +43,18 @@ from jax_ppo.data.sft import (
     pack_examples,
     pad_examples,
 )
-from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
-from jax_ppo.parallel.distributed import barrier, is_main_process
-from jax_ppo.training.loop import SKIPPED_METRIC, RunLoop, RunOptions, RunStage
-from jax_ppo.training.optim import check_stage_fields, is_int, make_optimizer
+from jax_ppo.parallel import host_rows
+from jax_ppo.parallel.rules import batch_spec, shard_params
+from jax_ppo.sft.config import SFTConfig
+from jax_ppo.sft.steps import SFTBatch, SFTSteps
+from jax_ppo.training.export import export_pretrained
+from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state
 
 Array = jax.Array
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SFTConfig:
-  """Hyperparameters of an SFT run. A batch is `batch_size` rows of `max_length` tokens."""
-
-  # --- data ---
-  max_length: int = 512
-  """Tokens per row; longer examples keep their prompt and lose the end of the response."""
-  packing: bool = False
-  """Pack several examples into each row (segment ids keep them apart)."""
-  add_eos: bool = True
-  """Append EOS to every response (unless it holds one), so the model learns to stop."""
-  prompt_field: str = "prompt"
-  """Record field of the prompt string."""
-  response_field: str = "response"
-  """Record field of the response string."""
-  messages_field: str = "messages"
-  """Record field of a chat (list of `{role, content}` turns, rendered by the chat template)."""
-  assistant_turns: str = "all"
-  """Assistant turns of a chat that are targets: "all" (the user turns between them are context)
-  or "last" (every earlier turn is context)."""
-  pad_token_id: int | None = None
-  """Id written into padding (never attended to, never a target); None: the tokenizer's, or 0."""
-  eos_token_id: int | None = None
-  """Id appended to responses; None: the tokenizer's EOS."""
-  eval_fraction: float = 0.0
-  """Share of the training examples held out for evaluation when no eval set is given."""
-
-  # --- batch geometry and length ---
-  batch_size: int = 8
-  """Rows per optimizer step."""
-  gradient_accumulation_steps: int = 1
-  """Microbatches per step (gradients summed; the loss is normalised by the step's tokens)."""
-  num_epochs: int = 1
-  """Passes over the training rows when `total_steps` is None."""
-  total_steps: int | None = None
-  """Optimizer steps of the run; None: `num_epochs` passes."""
-  eval_every: int = 0
-  """Evaluate on the held-out split every this many steps (0: only when `evaluate()` is
-  called)."""
-
-  # --- optimisation ---
-  learning_rate: float = 2e-5
-  """Peak learning rate of AdamW."""
-  lr_schedule: str = "cosine"
-  """"constant", "linear" (decay to 0) or "cosine" (to 0), after warm-up."""
-  warmup_steps: int = 0
-  """Optimizer steps of linear warm-up from 0."""
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  weight_decay: float = 0.0
-  """Decoupled weight decay of AdamW."""
-  max_grad_norm: float | None = 1.0
-  """Clip gradients by global norm (None disables)."""
-  max_consecutive_skips: int | None = 5
-  """Steps skipped in a row (non-finite loss or gradient: parameters left unchanged) before
-  `train()` stops with `NonFiniteUpdates`; None never stops."""
-  train_scan_layers: bool | None = None
-  """Layer loop of the training forward/backward (see `PPOConfig.train_scan_layers`)."""
-  seed: int = 0
-  """Seed of the held-out split, the packing order and the batch order."""
-
-  def __post_init__(self):
-    def bad(field: str, fix: str):
-      raise ValueError(f"SFTConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
-
-    for field, low in (("max_length", 2), ("batch_size", 1), ("gradient_accumulation_steps", 1),
-                       ("num_epochs", 1), ("eval_every", 0), ("warmup_steps", 0)):
-      if not is_int(getattr(self, field)) or getattr(self, field) < low:
-        bad(field, f"use an int >= {low}")
-    check_stage_fields(self, bad, lr_hint="1e-5 to 1e-4 for full SFT fine-tuning",
-                       data="the data")
-    if self.batch_size % self.gradient_accumulation_steps:
-      bad("batch_size", f"it must be divisible by gradient_accumulation_steps "
-                        f"({self.gradient_accumulation_steps})")
-    for field in ("packing", "add_eos"):
-      if not isinstance(getattr(self, field), bool):
-        bad(field, "use True or False")
-    for field in ("prompt_field", "response_field", "messages_field"):
-      if not isinstance(getattr(self, field), str) or not getattr(self, field):
-        bad(field, "give the record's field name as a non-empty string")
-    if self.assistant_turns not in ASSISTANT_TURNS:
-      bad("assistant_turns", f"use one of {list(ASSISTANT_TURNS)}")
-    if not 0 <= self.eval_fraction < 1:
-      bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
-
-  @property
-  def microbatch_size(self) -> int:
-    return self.batch_size // self.gradient_accumulation_steps
-
-
-def make_sft_optimizer(
-    config: SFTConfig, total_steps: int
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW with global-norm clipping, linear warm-up and decay over `total_steps`
-  (`jax_ppo.training.optim.make_optimizer`, fed this config's fields)."""
-  if config.warmup_steps > total_steps:
-    raise ValueError(
-        f"SFTConfig.warmup_steps={config.warmup_steps} is invalid: it exceeds the run's "
-        f"{total_steps} optimizer steps; lower it or train longer (total_steps/num_epochs)."
-    )
-  fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-  return make_optimizer(types.SimpleNamespace(**fields, total_optimizer_steps=total_steps))
-
-
-class SFTState(struct.PyTreeNode):
-  """Everything an SFT step changes.
-
-  Attributes:
-    params: the trainable variables (every `nnx.Param`, or only the LoRA adapters).
-    opt_state: optax state over `params`.
-    step: int32, optimizer steps done (also the schedule's clock and the data position).
-    lr_scale: float32 multiplier of the learning rate (a rollback lowers it).
-  """
-
-  params: nnx.State
-  opt_state: optax.OptState
-  step: Array
-  lr_scale: Array
-
-
-class SFTBatch(struct.PyTreeNode):
-  """One batch of rows on device, `[B, L]` each (see `jax_ppo.data.sft.SFTRows`).
-
-  `segment_ids` is None for unpacked rows (the model then runs exactly as without packing).
-  """
-
-  input_ids: Array
-  attention_mask: Array
-  positions: Array
-  segment_ids: Array | None
-  targets: Array
-  loss_mask: Array
-
-  @classmethod
-  def from_rows(cls, rows: SFTRows, *, packed: bool) -> SFTBatch:
-    return cls(
-        input_ids=jnp.asarray(rows.input_ids), attention_mask=jnp.asarray(rows.attention_mask),
-        positions=jnp.asarray(rows.positions),
-        segment_ids=jnp.asarray(rows.segment_ids) if packed else None,
-        targets=jnp.asarray(rows.targets), loss_mask=jnp.asarray(rows.loss_mask),
-    )
-
-
-def token_nll(logits: Array, targets: Array, loss_mask: Array) -> Array:
-  """Per-slot negative log-likelihood `[B, L]` float32, 0 where `loss_mask` is False.
-
-  Args:
-    logits: `[B, L, V]` logits of any dtype; slot `t` scores `targets[:, t]`.
-    targets: `[B, L]` int next-token ids.
-    loss_mask: `[B, L]` bool, True on slots whose target is a response token.
-  """
-  return jnp.where(loss_mask, -core.gather_logprobs(logits, targets), 0.0)
-
-
-def sft_loss(logits: Array, targets: Array, loss_mask: Array, *,
-             num_tokens: Array | None = None) -> Array:
-  r"""Token-mean cross-entropy :math:`\sum m \cdot (-\log \pi(y)) / N` (float32 scalar).
-
-  Args:
-    logits, targets, loss_mask: as in `token_nll`.
-    num_tokens: the normaliser `N`; None uses `sum(loss_mask)` (pass the whole batch's count
-      when this is one microbatch of it). A batch without targets has loss 0.
-  """
-  if num_tokens is None:
-    num_tokens = jnp.sum(loss_mask)
-  n = jnp.asarray(num_tokens, jnp.float32)
-  return jnp.sum(token_nll(logits, targets, loss_mask)) / jnp.maximum(n, 1.0)
-
-
-def init_sft_state(optimizer: optax.GradientTransformation, params: nnx.State) -> SFTState:
-  """A fresh `SFTState` (step 0, learning-rate scale 1)."""
-  return SFTState(params=params, opt_state=optimizer.init(params),
-                  step=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32))
-
-
-class SFTSteps:
-  """The compiled SFT functions of one run.
-
-  Args:
-    config: the run's `SFTConfig`.
-    graphdef: graph definition of the model (`CausalLM`) from `nnx.split(model, trainable, ...)`.
-    optimizer, schedule: from `make_sft_optimizer`.
-
-  `train_step(state, rest, batch) -> (state, metrics)` (state donated) and
-  `eval_sums(params, rest, batch) -> (sum of NLL, token count)`.
-  """
-
-  def __init__(self, config: SFTConfig, *, graphdef: nnx.GraphDef,
-               optimizer: optax.GradientTransformation, schedule: optax.Schedule):
-    self.config = config
-    self.graphdef = graphdef
-    self.optimizer = optimizer
-    self.schedule = schedule
-    self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
-    self.eval_sums = jax.jit(self._eval_sums)
-
-  def logits(self, params: nnx.State, rest: nnx.State, batch: SFTBatch) -> Array:
-    """`[B, L, V]` logits of the rows (packed rows attend within their segments)."""
-    model = nnx.merge(self.graphdef, params, rest)
-    return model(batch.input_ids, batch.attention_mask, positions=batch.positions,
-                 segment_ids=batch.segment_ids)
-
-  def _micro_loss(self, params, rest, mb: SFTBatch, num_tokens):
-    return sft_loss(self.logits(params, rest, mb), mb.targets, mb.loss_mask,
-                    num_tokens=num_tokens)
-
-  def _train_step(self, state: SFTState, rest: nnx.State, batch: SFTBatch):
-    c = self.config
-    if batch.input_ids.shape[0] != c.batch_size:
-      raise ValueError(
-          f"Batch has {batch.input_ids.shape[0]} rows but SFTConfig.batch_size is {c.batch_size}."
-      )
-    micro = jax.tree.map(
-        lambda x: x.reshape(c.gradient_accumulation_steps, c.microbatch_size, *x.shape[1:]),
-        batch,
-    )
-    num_tokens = jnp.sum(batch.loss_mask)
-    grad_fn = jax.value_and_grad(self._micro_loss)
-
-    def accumulate(carry, mb):
-      loss, grads = carry
-      micro_loss, g = grad_fn(state.params, rest, mb, num_tokens)
-      return (loss + micro_loss, jax.tree.map(jnp.add, grads, g)), None
-
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zeros, micro)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
-    # A non-finite loss or gradient leaves parameters and optimizer moments unchanged.
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    state = state.replace(params=keep(params, state.params),
-                          opt_state=keep(opt_state, state.opt_state), step=state.step + 1)
-    metrics = {
-        "train/loss": loss,
-        "train/perplexity": jnp.exp(loss),
-        "train/tokens": num_tokens.astype(jnp.float32),
-        "train/grad_norm": grad_norm,
-        "lr": self.schedule(state.step - 1) * state.lr_scale,
-        SKIPPED_METRIC: (~ok).astype(jnp.float32),
-    }
-    return state, metrics
-
-  def _eval_sums(self, params, rest, batch: SFTBatch) -> tuple[Array, Array]:
-    nll = token_nll(self.logits(params, rest, batch), batch.targets, batch.loss_mask)
-    return jnp.sum(nll), jnp.sum(batch.loss_mask)
 
 
 def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
@@ -333,6 +78,11 @@ class SFTTrainer(RunStage):
     run_options: `RunOptions` of the run folder.
     run_config: the dataclass written to `config.yaml` and checked when resuming (default:
       `config`).
+    mesh: a device mesh (`jax_ppo.parallel.make_mesh`): the state and the model's other
+      variables are placed by the logical-axis rules (`jax_ppo.parallel.shard_params`; a model
+      loaded with `from_pretrained(..., mesh=mesh)` is already in its shards) and the steps
+      compile with explicit shardings. Checkpoints restore into these shardings whatever mesh
+      wrote them. None: one device (a multi-process job needs a mesh).
 
   Steps are counted in optimizer steps; the metrics of the first have step 1.
   """
@@ -348,8 +98,16 @@ class SFTTrainer(RunStage):
       run_dir: str | os.PathLike | None = None,
       run_options: RunOptions | None = None,
       run_config: Any = None,
+      mesh: Mesh | None = None,
   ):
+    if mesh is None and host_rows.multi_process():
+      raise ValueError(
+          f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
+          "trains on one device mesh over every process's devices; give a mesh "
+          "(SFTRunConfig.mesh, e.g. mesh.data=-1, or SFTTrainer(mesh=jax_ppo.parallel."
+          "make_mesh(...))).")
     self.config = c = config
+    self.mesh = mesh
     self.tokenizer = tokenizer
     self.eos_token_id = c.eos_token_id if c.eos_token_id is not None else getattr(
         tokenizer, "eos_token_id", None)
@@ -389,11 +147,21 @@ class SFTTrainer(RunStage):
     trainable = nnx.LoRAParam if self.lora else nnx.Param
     with layer_loop(model, c.train_scan_layers):
       graphdef, params, self.rest = nnx.split(model, trainable, ...)
-    self.optimizer, self.schedule = make_sft_optimizer(c, self.total_steps)
-    self.steps = SFTSteps(c, graphdef=graphdef, optimizer=self.optimizer, schedule=self.schedule)
-    state = init_sft_state(self.optimizer, params)
+    if c.optimizer.warmup_steps > self.total_steps:
+      raise ValueError(
+          f"SFTConfig.optimizer.warmup_steps={c.optimizer.warmup_steps} is invalid: it exceeds "
+          f"the run's {self.total_steps} optimizer steps; lower it or train longer "
+          "(total_steps/num_epochs).")
+    self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
+    self.steps = SFTSteps(c, graphdef=graphdef, optimizer=self.optimizer, schedule=self.schedule,
+                          mesh=mesh)
+    state = init_stage_state(self.optimizer, params)
     # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-    self.state: SFTState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    if mesh is None:
+      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    else:
+      self.state = shard_params(state, mesh)
+      self.rest = shard_params(self.rest, mesh)
     self.preempted: str | None = None
     self.run_options = run_options if run_options is not None else RunOptions(
         log_samples_every=0)
@@ -442,17 +210,27 @@ class SFTTrainer(RunStage):
     build = pack_examples if self.config.packing else pad_examples
     return build(examples, max_length=self.config.max_length, pad_token_id=self.pad_token_id)
 
-  def batch_index(self, step: int) -> np.ndarray:
-    """Row indices of the batch of optimizer step `step` (0-based); -1 pads the last batch of
-    an epoch with empty rows (no loss)."""
-    c = self.config
-    epoch, i = divmod(int(step), self.steps_per_epoch)
-    order = np.random.default_rng([c.seed, epoch]).permutation(self.train_rows.num_rows)
-    index = order[i * c.batch_size : (i + 1) * c.batch_size]
-    return np.concatenate([index, np.full(c.batch_size - len(index), -1, np.int64)])
+  def batch(self, rows: SFTRows, index: np.ndarray) -> SFTBatch:
+    """The batch of `rows` at `index` (`[B]`; -1 gives an empty row, no loss) on the devices.
 
-  def _batch(self, rows: SFTRows) -> SFTBatch:
-    return SFTBatch.from_rows(rows, packed=self.config.packing)
+    Without a mesh: the rows as device arrays. On a mesh: global `[B, L]` arrays with their rows
+    split over `data` x `fsdp`, to which this process contributes only the rows its devices
+    hold (`host_rows.global_rows`; on one process, all of them).
+    """
+    packed = self.config.packing
+    if self.mesh is None:
+      return SFTBatch.from_rows(rows.take(index), packed=packed)
+    shape = (len(index), rows.input_ids.shape[1])
+    sharding = NamedSharding(self.mesh, batch_spec(shape, self.mesh))
+    start, stop = host_rows.local_row_range(sharding, shape)
+    local = rows.take(np.asarray(index)[start:stop])
+    place = lambda x: host_rows.global_rows(x, sharding, shape)
+    return SFTBatch(
+        input_ids=place(local.input_ids), attention_mask=place(local.attention_mask),
+        positions=place(local.positions),
+        segment_ids=place(local.segment_ids) if packed else None,
+        targets=place(local.targets), loss_mask=place(local.loss_mask),
+    )
 
   # -- run folder (the `Stage` of `RunLoop`) ------------------------------------------------
 
@@ -460,15 +238,18 @@ class SFTTrainer(RunStage):
     return {"stage": "sft", "step": self.step_count}
 
   def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
-    """Restores the `SFTState` of a checkpoint (None: the latest); returns its extra."""
+    """Restores the `StageState` of a checkpoint (None: the latest); returns its extra."""
     return self.restore_stage_state(checkpointer, step, stage="sft")
 
   # -- training and evaluation --------------------------------------------------------------
 
   def step(self) -> dict[str, float]:
     """One optimizer step on the next batch; with `eval_every`, also the held-out metrics."""
-    rows = self.train_rows.take(self.batch_index(self.step_count))
-    self.state, metrics = self.steps.train_step(self.state, self.rest, self._batch(rows))
+    c = self.config
+    index = batch_rows(c.seed, self.step_count, c.batch_size, self.train_rows.num_rows,
+                       epoch_end="pad")
+    self.state, metrics = self.steps.train_step(self.state, self.rest,
+                                                self.batch(self.train_rows, index))
     metrics = _to_host(metrics)
     every = self.config.eval_every
     if every and self.eval_rows is not None and self.step_count % every == 0:
@@ -476,7 +257,8 @@ class SFTTrainer(RunStage):
     return metrics
 
   def evaluate(self, eval_data: Sequence[Any] | None = None) -> dict[str, float]:
-    """Token-mean loss and perplexity (`exp(loss)`) over the held-out split (or `eval_data`).
+    """Token-mean loss and perplexity (`exp(loss)`) over the held-out split (or `eval_data`),
+    in batches of `batch_size` rows (on a mesh: global batches, global sums).
 
     Returns `{"eval/loss", "eval/perplexity", "eval/tokens"}`.
     """
@@ -492,7 +274,7 @@ class SFTTrainer(RunStage):
     for start in range(0, rows.num_rows, bs):
       index = np.arange(start, start + bs)
       index[index >= rows.num_rows] = -1
-      s, n = self.steps.eval_sums(self.state.params, self.rest, self._batch(rows.take(index)))
+      s, n = self.steps.eval_sums(self.state.params, self.rest, self.batch(rows, index))
       total, count = total + float(s), count + float(n)
     loss = total / max(count, 1.0)
     return {"eval/loss": loss, "eval/perplexity": math.exp(loss), "eval/tokens": count}
@@ -505,25 +287,11 @@ class SFTTrainer(RunStage):
 
   def export(self, path: str | os.PathLike, *, dtype=None,
              max_shard_size: int | str | None = "5GB") -> pathlib.Path:
-    """Writes the model as a Hugging Face checkpoint folder (LoRA merged), with the tokenizer.
-    Several processes: every process calls it; process 0 writes (`save_pretrained`)."""
-    path = pathlib.Path(path)
-    save_pretrained(self.model(), str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if (self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained")
-        and is_main_process()):
-      self.tokenizer.save_pretrained(str(path))
-    barrier(f"export {path}")
-    return path
+    """Writes the model as a Hugging Face checkpoint folder (LoRA merged), with the tokenizer
+    (`jax_ppo.training.export.export_pretrained`). Several processes: every process calls it;
+    process 0 writes."""
+    return export_pretrained(self.model(), path, tokenizer=self.tokenizer, dtype=dtype,
+                             max_shard_size=max_shard_size)
 
 
-__all__ = [
-    "SFTBatch",
-    "SFTConfig",
-    "SFTState",
-    "SFTSteps",
-    "SFTTrainer",
-    "init_sft_state",
-    "make_sft_optimizer",
-    "sft_loss",
-    "token_nll",
-]
+__all__ = ["SFTTrainer"]

@@ -25,7 +25,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.transformer import CausalLM
 from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
 from jax_ppo.runs import ppo as run_module
-from jax_ppo.sft import SFTConfig, SFTTrainer
+from jax_ppo.sft import SFTConfig, SFTOptimizer, SFTTrainer
 from tests.ppo.conftest import MODEL
 
 pa = pytest.importorskip("pyarrow")
@@ -385,8 +385,8 @@ def test_sft_and_reward_model_trainers_train_on_file_records(tmp_path, tok):
   """A few steps of each trainer on records read from a Parquet file and a datasets folder: the
   records are accepted as they come, and training changes the loss (it runs for real)."""
   sft_path = _write(tmp_path, "parquet", SFT + CHATS)
-  sft = SFTTrainer(SFTConfig(max_length=12, batch_size=5, learning_rate=3e-2,
-                             lr_schedule="constant", total_steps=3),
+  sft = SFTTrainer(SFTConfig(max_length=12, batch_size=5, total_steps=3, optimizer=SFTOptimizer(
+                                 learning_rate=3e-2, lr_schedule="constant")),
                    CausalLM(MODEL, rngs=nnx.Rngs(0)), train_data=read_sft_records(sft_path),
                    tokenizer=tok)
   assert sft.train_rows.num_rows == 5

@@ -15,17 +15,18 @@ from flax import nnx
 
 from jax_ppo.data.sft import SFTExample, encode_record, example_from_ids, pad_examples
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained
+from jax_ppo.models.logprobs import head_logprobs
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.sft import SFTConfig, SFTTrainer
-from jax_ppo.sft.trainer import SFTBatch, sft_loss
+from jax_ppo.sft import SFTBatch, SFTConfig, SFTOptimizer, SFTTrainer, sft_loss
 from jax_ppo.training import RunOptions
 from jax_ppo.training.loop import NonFiniteUpdates
+from jax_ppo.training.state import batch_rows
 from tests.ppo.conftest import EOS, MODEL
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
-BASE = SFTConfig(max_length=12, batch_size=4, learning_rate=1e-2, lr_schedule="constant",
-                 eos_token_id=EOS, total_steps=20)
+BASE = SFTConfig(max_length=12, batch_size=4, eos_token_id=EOS, total_steps=20,
+                 optimizer=SFTOptimizer(learning_rate=1e-2, lr_schedule="constant"))
 
 
 def _examples(n=6, seed=0):
@@ -70,13 +71,15 @@ def test_loss_equals_numpy_reference_with_global_token_normalisation():
   config = dataclasses.replace(BASE, gradient_accumulation_steps=2)
   trainer = _trainer(config, examples)
   want_sum, want_n = _numpy_nll(trainer, examples)
-  rows = trainer.train_rows.take(trainer.batch_index(0))
+  c = trainer.config
+  rows = trainer.train_rows.take(batch_rows(c.seed, 0, c.batch_size, trainer.train_rows.num_rows,
+                                            epoch_end="pad"))
   counts = rows.loss_mask.reshape(2, 2, -1).sum(axis=(1, 2))
   assert counts[0] != counts[1] and counts.sum() == want_n
   batch = SFTBatch.from_rows(rows, packed=False)
-  logits = jax.jit(trainer.steps.logits)(trainer.state.params, trainer.rest, batch)
-  np.testing.assert_allclose(float(sft_loss(logits, batch.targets, batch.loss_mask)),
-                             want_sum / want_n, rtol=1e-5)
+  logprobs = jax.jit(trainer.steps.target_logprobs)(trainer.state.params, trainer.rest, batch)
+  np.testing.assert_allclose(float(sft_loss(logprobs, batch.loss_mask)), want_sum / want_n,
+                             rtol=1e-5)
   metrics = trainer.step()
   np.testing.assert_allclose(metrics["train/loss"], want_sum / want_n, rtol=1e-5)
   assert metrics["train/tokens"] == want_n
@@ -104,9 +107,13 @@ def test_prompt_and_padding_tokens_carry_no_loss_or_gradient():
   trainer = _trainer(examples=examples)
   rows = pad_examples(examples, max_length=12, pad_token_id=0)
   batch = SFTBatch.from_rows(rows, packed=False)
-  logits = jax.jit(trainer.steps.logits)(trainer.state.params, trainer.rest, batch)
-  d_logits = jax.grad(lambda z: sft_loss(z, batch.targets, batch.loss_mask))(logits)
-  per_slot = np.abs(np.asarray(d_logits)).sum(-1)
+  model = trainer.model()
+  hidden = jax.jit(lambda b: model.hidden_states(b.input_ids, b.attention_mask,
+                                                 positions=b.positions))(batch)
+  # The loss's gradient reaches the final hidden state of exactly the slots that carry loss.
+  d_hidden = jax.grad(lambda h: sft_loss(head_logprobs(model, h, batch.targets, 1.0)[0],
+                                         batch.loss_mask))(hidden)
+  per_slot = np.abs(np.asarray(d_hidden)).sum(-1)
   assert np.all(per_slot[~rows.loss_mask] == 0) and np.all(per_slot[rows.loss_mask] > 0)
   # Exactly the slots that predict response tokens carry loss.
   for r, ex in enumerate(examples):
@@ -116,7 +123,7 @@ def test_prompt_and_padding_tokens_carry_no_loss_or_gradient():
   @jax.jit
   def loss_and_grads(b):
     return jax.value_and_grad(lambda params: sft_loss(
-        trainer.steps.logits(params, trainer.rest, b), b.targets, b.loss_mask))(
+        trainer.steps.target_logprobs(params, trainer.rest, b), b.loss_mask))(
         trainer.state.params)
 
   loss, grads = loss_and_grads(batch)
@@ -140,8 +147,8 @@ def test_training_on_a_repetitive_corpus_drives_the_loss_down():
   corpus = [example_from_ids(rng.integers(3, 24, size=3), [5, 6, 7, 8, 9, 10], eos_token_id=EOS)
             for _ in range(40)]
   config = dataclasses.replace(BASE, batch_size=8, total_steps=30, eval_fraction=0.2,
-                               eval_every=10, warmup_steps=3, lr_schedule="cosine",
-                               learning_rate=3e-2)
+                               eval_every=10, optimizer=SFTOptimizer(
+                                   warmup_steps=3, lr_schedule="cosine", learning_rate=3e-2))
   trainer = _trainer(config, corpus)
   before = trainer.evaluate()
   history = trainer.train()
@@ -191,8 +198,8 @@ def test_packed_loss_and_gradient_equal_the_unpacked_ones():
 
   def grads(trainer):
     batch = SFTBatch.from_rows(trainer.eval_rows, packed=trainer.config.packing)
-    return jax.jit(jax.grad(lambda p: sft_loss(trainer.steps.logits(p, trainer.rest, batch),
-                                               batch.targets, batch.loss_mask)))(
+    return jax.jit(jax.grad(lambda p: sft_loss(
+        trainer.steps.target_logprobs(p, trainer.rest, batch), batch.loss_mask)))(
         trainer.state.params)
 
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
@@ -261,13 +268,12 @@ def test_long_examples_keep_the_prompt_and_cut_the_response():
     ("gradient_accumulation_steps", 3, "batch_size=4 is invalid: it must be divisible"),
     ("max_length", 1, "use an int >= 2"),
     ("eval_fraction", 1.0, r"\[0, 1\)"),
-    ("lr_schedule", "step", "choose one of"),
-    ("learning_rate", 0.0, "use a value > 0"),
-    ("warmup_steps", 30, "exceeds the run's total_steps"),
+    ("optimizer", SFTOptimizer(warmup_steps=30),
+     r"its warmup_steps \(30\) exceeds the run's total_steps \(20\)"),
+    ("optimizer", {"learning_rate": 1e-5}, "pass an OptimizerConfig"),
     ("total_steps", 0, "use an int >= 1, or None"),
     ("packing", 1, "use True or False"),
     ("eos_token_id", -1, "use a token id >= 0"),
-    ("max_grad_norm", 0.0, "use a value > 0 or None"),
     ("prompt_field", "", "non-empty string"),
     ("max_consecutive_skips", 0, "use an int >= 1, or None"),
 ])
@@ -278,9 +284,22 @@ def test_config_errors_name_the_field_and_the_fix(field, value, match):
   assert "SFTConfig." in str(err.value)
 
 
+@pytest.mark.parametrize("field,value,match", [
+    ("lr_schedule", "step", "choose one of"),
+    ("learning_rate", 0.0, r"use a value > 0 \(1e-5 to 1e-4 for full SFT fine-tuning\)"),
+    ("max_grad_norm", 0.0, "use a value > 0 or None"),
+    ("warmup_steps", -1, "use an int >= 0"),
+])
+def test_optimizer_errors_name_the_field_and_sft_learning_rates(field, value, match):
+  with pytest.raises(ValueError, match=rf"SFTOptimizer\.{field}=.* is invalid: {match}"):
+    SFTOptimizer(**{field: value})
+
+
 def test_trainer_errors():
-  with pytest.raises(ValueError, match="warmup_steps=9 is invalid: it exceeds the run's 2"):
-    _trainer(dataclasses.replace(BASE, total_steps=None, warmup_steps=9), _examples(8))
+  with pytest.raises(ValueError, match=r"SFTConfig\.optimizer\.warmup_steps=9 is invalid: it "
+                                       "exceeds the run's 2 optimizer steps"):
+    _trainer(dataclasses.replace(BASE, total_steps=None, optimizer=SFTOptimizer(warmup_steps=9)),
+             _examples(8))
   with pytest.raises(ValueError, match="add_eos is True but there is no EOS id"):
     _trainer(dataclasses.replace(BASE, eos_token_id=None))
   with pytest.raises(ValueError, match=r"train_data\[1\] is a str"):
@@ -387,3 +406,22 @@ def test_sigterm_during_sft_checkpoints_and_the_rerun_ends_like_the_uninterrupte
     assert second.step_count == 2  # the checkpoint written on the signal (save_every=10)
     second.train()
   jax.tree.map(np.testing.assert_array_equal, want, jax.tree.map(np.asarray, second.state))
+
+
+def test_a_multi_process_job_without_a_mesh_is_one_clear_error(tmp_path, monkeypatch):
+  """Several processes each training the whole model on their own devices would silently
+  diverge: without a mesh both the trainer and `jax-ppo sft` refuse, naming the fix."""
+  from jax_ppo.parallel import host_rows
+  from jax_ppo.runs import sft as sft_run
+
+  monkeypatch.setattr(host_rows, "multi_process", lambda: True)
+  with pytest.raises(ValueError, match=r"a multi-process run trains on one device mesh .*"
+                                       r"SFTRunConfig\.mesh"):
+    _trainer()
+  monkeypatch.setattr(sft_run, "multi_process", lambda: True)
+  (tmp_path / "config.json").write_text("{}")
+  config = sft_run.SFTRunConfig(model_path=str(tmp_path), train_path="t.jsonl",
+                                run_dir=str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=r"SFTRunConfig\.mesh=None, but this is one of several "
+                                       r"processes.*mesh\.data=-1"):
+    sft_run.build_sft_trainer(config)
