@@ -29,7 +29,7 @@ Every warning is also logged through the `jax_ppo.monitor` logger, at most once 
 `log_interval` updates while a condition persists. `state_dict()` / `load_state_dict()` carry the
 windows (plain lists) through a checkpoint, so a resumed run continues where it stopped.
 
-`PPOTrainer` installs the monitor as its hook on the run loop (`jax_ppo.training.loop.LoopHook`:
+`PPOTrainer` installs the monitor as its hook on the run loop (`jax_ppo.training.hooks.LoopHook`:
 `after_step` adds the `monitor/warnings` count to each update's metrics, `collapse()` reports a
 collapse for `RunOptions.rollback`, the state is saved under the checkpoint's "monitor" key).
 """
@@ -295,7 +295,7 @@ class StabilityMonitor:
     self._active.clear()
     self._collapse = None
 
-  # ---- the run loop's hook (`jax_ppo.training.loop.LoopHook`) -------------------------------
+  # ---- the run loop's hook (`jax_ppo.training.hooks.LoopHook`) -------------------------------
 
   def after_step(self, step: int, metrics: dict[str, float]) -> None:
     """`update`, then the count of its warnings added as `metrics["monitor/warnings"]`."""

@@ -21,13 +21,8 @@ A trainer (a `Stage`: PPO today; SFT and reward-model training share it) owns it
   metric; after `max_consecutive_skips` consecutive steps with skips the run stops with
   `NonFiniteUpdates`, naming likely causes and the last checkpoint before the skips began.
 
-Hooks: a stage passes `hooks` (`LoopHook`s) to `RunLoop`; after every step with a run folder
-each sees the step's metrics and may add to them (warnings, counts), and may report a collapse
-that triggers a rollback. Their state is saved in each checkpoint's extra under the hook's
-`name` and restored on resume. PPO installs its stability monitor as a hook
-(`jax_ppo.ppo.monitor.StabilityMonitor`); a stage without hooks (SFT, the reward model) has no
-collapse detection, so `RunOptions.rollback` never triggers there (only the non-finite stop
-applies to every stage).
+Hooks (`jax_ppo.training.hooks`): a stage's hooks see every step's metrics, may add to them
+and may report a collapse that triggers the rollback; their state travels in the checkpoints.
 
 Resuming: a run folder that holds checkpoints restores the latest one (through
 `Stage.restore_checkpoint`), the hooks' state and the rollback count, and truncates the logs
@@ -53,6 +48,7 @@ from jax_ppo.checkpoint import CheckpointCorrupt, CheckpointError, RunCheckpoint
 from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.parallel.distributed import is_main_process, multi_process, preemption_notice
+from jax_ppo.training.hooks import Collapse, LoopHook
 
 logger = logging.getLogger(__name__)
 
@@ -76,43 +72,6 @@ class NonFiniteUpdates(RunCollapsed):
 
 class StepAbandoned(Exception):
   """Raised by `Stage.step` when it sees `RunLoop.stop_requested` before changing any state."""
-
-
-class Collapse(Protocol):
-  """What a hook reports when the run has collapsed."""
-
-  step: int
-  """The step at which the collapse began (a rollback restores a checkpoint before it)."""
-  kind: str
-  """A short name of what collapsed (e.g. "reward_collapse")."""
-  message: str
-  """What was seen and the usual fix."""
-
-
-class LoopHook(Protocol):
-  """A stage's hook on `RunLoop` (e.g. PPO's stability monitor).
-
-  `name` is the key of its `state_dict()` (JSON) in each checkpoint's extra;
-  `after_step(step, metrics)` runs after every step with a run folder and may add metrics
-  (host floats) to `metrics` in place; `collapse()` is the collapse it reports (None: none):
-  with `RunOptions.rollback` the loop then restores the latest checkpoint before
-  `collapse().step`, calls `clear_collapse()` when it cannot, and `rolled_back(step)` when it
-  did (the hook forgets what it saw after `step`).
-  """
-
-  name: str
-
-  def after_step(self, step: int, metrics: dict[str, float]) -> None: ...
-
-  def collapse(self) -> Collapse | None: ...
-
-  def clear_collapse(self) -> None: ...
-
-  def rolled_back(self, step: int) -> None: ...
-
-  def state_dict(self) -> Any: ...
-
-  def load_state_dict(self, state: Any) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -648,8 +607,6 @@ class RunLoop:
 
 __all__ = [
     "CHECKPOINT_DIR",
-    "Collapse",
-    "LoopHook",
     "NonFiniteUpdates",
     "RunCollapsed",
     "RunLoop",

@@ -1,4 +1,4 @@
-"""Tests of `RunLoop`'s hooks (jax_ppo.training.loop.LoopHook) on a stage with a trivial step:
+"""Tests of `RunLoop`'s hooks (jax_ppo.training.hooks.LoopHook) on a stage with a trivial step:
 each hook sees every step's metrics and may add to them, its collapse triggers the rollback, its
 state travels in the checkpoint's extra; a stage without hooks never rolls back."""
 
