@@ -51,15 +51,16 @@ def placements():
 
 def build(mode: str, placement):
   common = dict(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,), pad_token_id=PAD,
-                learning_rate=1e-3, lr_schedule="constant", total_updates=4, reward_clip=None,
+                total_updates=4, reward_clip=None,
                 kl_controller="adaptive", kl_target=0.01, kl_horizon=10, vf_coef=0.5)
+  opt = dict(learning_rate=1e-3, lr_schedule="constant")
   if mode == "gae":
     config = PPOConfig(batch_size=8, num_minibatches=2, gradient_accumulation_steps=2,
-                       ppo_epochs=2, optimizer=PPOOptimizer(max_grad_norm=None),
+                       ppo_epochs=2, optimizer=PPOOptimizer(max_grad_norm=None, **opt),
                        replay_buffer_size=2, **common)
   else:
     config = PPOConfig(batch_size=8, ppo_epochs=3, target_kl=1e-7,
-                       optimizer=PPOOptimizer(max_grad_norm=1e4), **common)
+                       optimizer=PPOOptimizer(max_grad_norm=1e4, **opt), **common)
   rm = ScalarModel(MODEL, rngs=nnx.Rngs(5))
   model = policy()
   nnx.update(model, shard_params(nnx.state(model), placement.policy))
