@@ -32,6 +32,7 @@ except that a split critic's gradient is clipped by its own global norm
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -351,8 +352,12 @@ class PlacedEvalLogprobs:
     self.shared = MeshJit(impl, p.policy, **roles, out_roles=("batch", "batch"))
     self.policy = self.reference = None
     if p.is_split("reference"):
-      self.policy = MeshJit(self._logprobs, p.policy, **roles, out_roles="batch")
-      self.reference = MeshJit(self._logprobs, p.reference, **roles, out_roles="batch")
+      # One function object per program: jit's trace cache is keyed on the function, and a
+      # trace made under one mesh (its activation constraints) must not serve the other.
+      self.policy = MeshJit(functools.partial(self._logprobs), p.policy, **roles,
+                            out_roles="batch")
+      self.reference = MeshJit(functools.partial(self._logprobs), p.reference, **roles,
+                               out_roles="batch")
 
   def _logprobs(self, params, rest, rollout: Rollout) -> Array:
     model = nnx.merge(self.graphdef, params, rest)
