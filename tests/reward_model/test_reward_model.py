@@ -18,13 +18,16 @@ from jax_ppo import models
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.hf import SCORE_BIAS_KEY
-from jax_ppo.reward_model.pairwise import (
-  bradley_terry_loss,
-  normalisation_from_scores,
-  pair_scores,
-  preference_pairs,
+from jax_ppo.reward_model import (
+    NORMALISATION_FILE,
+    RewardModelConfig,
+    RewardModelOptimizer,
+    RewardModelTrainer,
+    bradley_terry_loss,
+    normalisation_from_scores,
+    preference_pairs,
 )
-from jax_ppo.reward_model.trainer import NORMALISATION_FILE, RewardModelConfig, RewardModelTrainer
+from jax_ppo.reward_model.pairwise import pair_scores
 from jax_ppo.training import RunOptions
 
 MODEL = ModelConfig(
@@ -132,8 +135,9 @@ def _toy_records(n, seed):
 
 
 def test_learns_a_toy_preference_to_high_held_out_accuracy():
-  config = RewardModelConfig(batch_size=32, total_steps=25, eos_token_id=EOS, learning_rate=3e-3,
-                             lr_schedule="constant", max_length=16, eval_every=25)
+  config = RewardModelConfig(batch_size=32, total_steps=25, eos_token_id=EOS, max_length=16,
+                             eval_every=25, optimizer=RewardModelOptimizer(
+                                 learning_rate=3e-3, lr_schedule="constant"))
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                                train_data=_toy_records(256, 0), eval_data=_toy_records(128, 1))
   before = trainer.evaluate()
@@ -268,7 +272,8 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
              for c, r in (("good", "bad"), ("very good", "dull"), ("great", "not good"),
                           ("good plot", "bad plot"))]
   trainer = RewardModelTrainer(
-      RewardModelConfig(batch_size=2, total_steps=2, learning_rate=1e-3, max_length=12),
+      RewardModelConfig(batch_size=2, total_steps=2, max_length=12,
+                        optimizer=RewardModelOptimizer(learning_rate=1e-3)),
       ScalarModel(config, rngs=nnx.Rngs(3)), train_data=records, eval_data=records,
       tokenizer=tok)
   assert trainer.train_pairs.chosen_ids[0, :5].tolist() == [4, 5, 6, 7, 2]  # text + EOS
@@ -312,8 +317,8 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
 
 def _run_trainer(run_dir=None, *, save_every: int):
   """A 4-step reward-model run on toy pairs, optionally in `run_dir` (synchronous saves)."""
-  config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16,
-                             eos_token_id=EOS)
+  config = RewardModelConfig(batch_size=16, total_steps=4, max_length=16, eos_token_id=EOS,
+                             optimizer=RewardModelOptimizer(learning_rate=3e-3))
   options = RunOptions(save_every=save_every, progress=False, tensorboard=False,
                        async_checkpointing=False)
   return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
@@ -346,22 +351,47 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
 
 
 @pytest.mark.parametrize("field, value", [
-    ("batch_size", 0), ("max_length", 1), ("total_steps", 0), ("learning_rate", 0.0),
-    ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0), ("eval_every", -1),
-    ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("weight_decay", -0.1),
-    ("eos_token_id", 1.5), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
-    ("eval_fraction", 1.0), ("max_consecutive_skips", 0),
+    ("batch_size", 0), ("max_length", 1), ("total_steps", 0), ("eval_every", -1),
+    ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("eos_token_id", 1.5),
+    ("eval_fraction", 1.0), ("max_consecutive_skips", 0), ("gradient_accumulation_steps", 0),
 ])
 def test_config_errors_name_the_field(field, value):
   with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
     RewardModelConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field, value", [
+    ("learning_rate", 0.0), ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0),
+    ("weight_decay", -0.1), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
+])
+def test_optimizer_errors_name_the_field(field, value):
+  with pytest.raises(ValueError, match=rf"RewardModelOptimizer\.{field}=.*invalid: "):
+    RewardModelOptimizer(**{field: value})
+
+
+def test_optimizer_block_keeps_the_reward_model_defaults():
+  """A block that sets one field keeps the reward model's other defaults."""
+  block = RewardModelOptimizer(warmup_steps=3)
+  assert (block.learning_rate, block.lr_schedule, block.adam_eps) == (1e-5, "linear", 1e-8)
+  assert RewardModelConfig().optimizer == RewardModelOptimizer()
+  with pytest.raises(ValueError, match=r"learning_rate=0.0 is invalid: .*reward-model"):
+    RewardModelOptimizer(learning_rate=0.0)
+
+
+def test_accumulation_must_divide_the_batch():
+  with pytest.raises(ValueError, match=r"gradient_accumulation_steps=3 is invalid: it must "
+                                       r"divide batch_size \(8\)"):
+    RewardModelConfig(batch_size=8, gradient_accumulation_steps=3)
+
+
 def test_warmup_longer_than_the_run_is_refused():
-  with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*total_steps \(3\)"):
-    RewardModelConfig(total_steps=3, warmup_steps=5)
-  with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*1 optimizer steps"):
-    RewardModelTrainer(RewardModelConfig(batch_size=4, warmup_steps=5, add_eos=False),
+  with pytest.raises(ValueError, match=r"optimizer=.* is invalid: its warmup_steps \(5\) "
+                                       r"exceeds .*total_steps \(3\)"):
+    RewardModelConfig(total_steps=3, optimizer=RewardModelOptimizer(warmup_steps=5))
+  with pytest.raises(ValueError, match=r"optimizer\.warmup_steps=5 is invalid: .*1 optimizer "
+                                       r"steps"):
+    RewardModelTrainer(RewardModelConfig(batch_size=4, add_eos=False,
+                                         optimizer=RewardModelOptimizer(warmup_steps=5)),
                        ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                        train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
 
@@ -413,8 +443,8 @@ def test_lora_trains_only_the_adapters_and_the_head():
             for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
   model = add_lora(ScalarModel(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
-  config = RewardModelConfig(batch_size=16, total_steps=3, learning_rate=1e-2, max_length=16,
-                             add_eos=False)
+  config = RewardModelConfig(batch_size=16, total_steps=3, max_length=16, add_eos=False,
+                             optimizer=RewardModelOptimizer(learning_rate=1e-2))
   trainer = RewardModelTrainer(config, model, train_data=_toy_records(32, 3))
   start, rest = flat(trainer.state.params), flat(trainer.rest)
   assert start and all("lora" in p or "score_head" in p for p in start), sorted(start)
