@@ -184,7 +184,10 @@ def policy_samples(
       max_new_tokens=config.normalise_max_new_tokens, temperature=config.normalise_temperature,
       stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id, truncate_prompts=True),
       mesh=mesh)
-  rollout = sampler(ids, jax.random.key(seed))
+  # On a mesh a raw uint32 key (the same bits): JAX places an uncommitted raw key onto other
+  # processes' devices (checking that every process passed the same), not a typed key.
+  key = jax.random.key(seed) if mesh is None else jax.random.PRNGKey(seed)
+  rollout = sampler(ids, key)
   if reward_tokenizer is None or tokenizer.get_vocab() == reward_tokenizer.get_vocab():
     return host_rows.gathered(rollout.sequence_ids), host_rows.gathered(rollout.attention_mask)
   rows = []
