@@ -1,7 +1,8 @@
-"""`RewardModelConfig`'s optimizer block and its moved keys: a config file or override with an old
-flat key is one error naming the new key, and a run folder saved before the block existed (flat
-`reward.learning_rate`, ... in config.yaml and in its checkpoints) resumes with the same
-meaning (`jax_ppo.config_io.migrate_keys`)."""
+"""`RewardModelConfig` and its optimizer block: errors name the field, the block keeps the reward
+model's defaults, accumulation must divide the batch; and its moved keys: a config file or
+override with an old flat key is one error naming the new key, and a run folder saved before the
+block existed (flat `reward.learning_rate`, ... in config.yaml and in its checkpoints) resumes
+with the same meaning (`jax_ppo.config_io.migrate_keys`)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,49 @@ def test_a_run_folder_saved_with_the_old_flat_keys_resumes(tmp_path):
     resumed.train()
     assert resumed.step_count == 3
   assert "optimizer" in yaml.safe_load(config_file.read_text())["reward"]  # saved anew
+
+
+@pytest.mark.parametrize("field, value", [
+    ("batch_size", 0), ("max_length", 1), ("total_steps", 0), ("eval_every", -1),
+    ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("eos_token_id", 1.5),
+    ("eval_fraction", 1.0), ("max_consecutive_skips", 0), ("gradient_accumulation_steps", 0),
+])
+def test_config_errors_name_the_field(field, value):
+  with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
+    RewardModelConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [
+    ("learning_rate", 0.0), ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0),
+    ("weight_decay", -0.1), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
+])
+def test_optimizer_errors_name_the_field(field, value):
+  with pytest.raises(ValueError, match=rf"RewardModelOptimizer\.{field}=.*invalid: "):
+    RewardModelOptimizer(**{field: value})
+
+
+def test_optimizer_block_keeps_the_reward_model_defaults():
+  """A block that sets one field keeps the reward model's other defaults."""
+  block = RewardModelOptimizer(warmup_steps=3)
+  assert (block.learning_rate, block.lr_schedule, block.adam_eps) == (1e-5, "linear", 1e-8)
+  assert RewardModelConfig().optimizer == RewardModelOptimizer()
+  with pytest.raises(ValueError, match=r"learning_rate=0.0 is invalid: .*reward-model"):
+    RewardModelOptimizer(learning_rate=0.0)
+
+
+def test_accumulation_must_divide_the_batch():
+  with pytest.raises(ValueError, match=r"gradient_accumulation_steps=3 is invalid: it must "
+                                       r"divide batch_size \(8\)"):
+    RewardModelConfig(batch_size=8, gradient_accumulation_steps=3)
+
+
+def test_warmup_longer_than_the_run_is_refused():
+  with pytest.raises(ValueError, match=r"optimizer=.* is invalid: its warmup_steps \(5\) "
+                                       r"exceeds .*total_steps \(3\)"):
+    RewardModelConfig(total_steps=3, optimizer=RewardModelOptimizer(warmup_steps=5))
+  with pytest.raises(ValueError, match=r"optimizer\.warmup_steps=5 is invalid: .*1 optimizer "
+                                       r"steps"):
+    RewardModelTrainer(RewardModelConfig(batch_size=4, add_eos=False,
+                                         optimizer=RewardModelOptimizer(warmup_steps=5)),
+                       ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                       train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
