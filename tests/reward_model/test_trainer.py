@@ -360,3 +360,24 @@ def test_sigint_during_reward_model_training_checkpoints_and_resumes_exactly(tmp
     resumed.train()
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state),
                jax.tree.map(np.asarray, resumed.state))
+
+
+def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
+  """Several processes each training the whole model on their own devices would be several
+  different runs: without a mesh the trainer and the config-file run refuse, naming the fix
+  (the run before it loads any model)."""
+  from jax_ppo.parallel import host_rows
+  from jax_ppo.runs import reward as reward_run
+
+  monkeypatch.setattr(host_rows, "multi_process", lambda: True)
+  config = RewardModelConfig(batch_size=2, total_steps=1, eos_token_id=EOS)
+  with pytest.raises(ValueError, match=r"multi-process run trains on one device mesh .*mesh\.data"):
+    RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                       train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
+  monkeypatch.setattr(reward_run, "multi_process", lambda: True)
+  (tmp_path / "config.json").write_text("{}")  # (never read: the mesh is checked first)
+  run = reward_run.RewardRunConfig(model_path=str(tmp_path), train_path="p.jsonl",
+                                   run_dir=str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=r"RewardRunConfig\.mesh=None, but this is one of several "
+                                       r"processes"):
+    reward_run.build_reward_trainer(run)
