@@ -58,7 +58,6 @@ from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.preferences import explicit_preference, is_chat
 from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.heads import ScalarModel
-from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
