@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.preferences import explicit_preference, is_chat
@@ -62,13 +62,13 @@ from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
-from jax_ppo.parallel.distributed import is_main_process
-from jax_ppo.parallel.rules import batch_spec, shard_params
+from jax_ppo.parallel.distributed import is_main_process, require_mesh
+from jax_ppo.parallel.rules import shard_params
 from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import (
-    PreferencePairs,
-    normalisation_from_scores,
-    preference_pairs,
+  PreferencePairs,
+  normalisation_from_scores,
+  preference_pairs,
 )
 from jax_ppo.reward_model.steps import RewardModelSteps
 from jax_ppo.training.export import export_pretrained
@@ -135,12 +135,7 @@ class RewardModelTrainer(RunStage):
       run_config: Any = None,
       mesh: Mesh | None = None,
   ):
-    if mesh is None and host_rows.multi_process():
-      raise ValueError(
-          f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
-          "trains on one device mesh over every process's devices; give a mesh (RewardRunConfig."
-          "mesh, e.g. mesh.data=-1, or RewardModelTrainer(mesh=jax_ppo.parallel.make_mesh(...)))."
-      )
+    require_mesh(mesh, config_field="RewardRunConfig.mesh", trainer="RewardModelTrainer")
     if mesh is not None and not isinstance(mesh, Mesh):
       raise TypeError(f"mesh must be a jax.sharding.Mesh (jax_ppo.parallel.make_mesh), got "
                       f"{type(mesh).__name__}.")
@@ -302,14 +297,7 @@ class RewardModelTrainer(RunStage):
     (`jax_ppo.parallel.host_rows.global_rows`)."""
     if self.mesh is None or not host_rows.multi_process():
       return tree
-
-    def one(x):
-      x = np.asarray(x)
-      sharding = NamedSharding(self.mesh, batch_spec(x.shape, self.mesh))
-      start, stop = host_rows.local_row_range(sharding, x.shape)
-      return host_rows.global_rows(x[start:stop], sharding, x.shape)
-
-    return jax.tree.map(one, tree)
+    return host_rows.place_rows(tree, self.mesh)
 
   # -- `Stage` of `RunLoop` -------------------------------------------------------------------
 

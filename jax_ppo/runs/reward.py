@@ -64,6 +64,7 @@ from jax_ppo.runs.common import (
   grow_vocab,
   load_stage_config,
   read_records,
+  train_stage,
 )
 from jax_ppo.training.loop import RunOptions
 
@@ -252,23 +253,9 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_reward_trainer(config)
   try:
-    if trainer.step_count >= trainer.total_steps:
-      logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
-                  trainer.step_count, trainer.total_steps)
-    left = max(trainer.total_steps - trainer.step_count, 0)
-    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
-    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
-                                                                           left))
-    complete = trainer.step_count >= trainer.total_steps
-    summary: dict[str, Any] = {
-        "stage": "reward", "run_dir": config.run_dir, "step": trainer.step_count,
-        "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
-        "preempted": history.preempted, "export_dir": None,
-    }
-    if history:
-      summary.update({k: float(history[-1][k]) for k in ("train/loss", "train/accuracy")
-                      if k in history[-1]})
-    if complete and not history.preempted:
+    summary, finished = train_stage(trainer, config, stage="reward",
+                                    train_keys=("train/loss", "train/accuracy"))
+    if finished:
       if trainer.eval_pairs is not None:
         metrics = trainer.evaluate()
         summary.update({k: metrics[k] for k in ("eval/loss", "eval/accuracy")})

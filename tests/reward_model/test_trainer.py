@@ -366,10 +366,10 @@ def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
   """Several processes each training the whole model on their own devices would be several
   different runs: without a mesh the trainer and the config-file run refuse, naming the fix
   (the run before it loads any model)."""
-  from jax_ppo.parallel import host_rows
+  from jax_ppo.parallel import distributed
   from jax_ppo.runs import reward as reward_run
 
-  monkeypatch.setattr(host_rows, "multi_process", lambda: True)
+  monkeypatch.setattr(distributed, "multi_process", lambda: True)
   config = RewardModelConfig(batch_size=2, total_steps=1, eos_token_id=EOS)
   with pytest.raises(ValueError, match=r"multi-process run trains on one device mesh .*mesh\.data"):
     RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
