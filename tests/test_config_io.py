@@ -394,7 +394,7 @@ def _stage_configs() -> list:
   from jax_ppo.ppo.config import PPOConfig, PPOOptimizer
   from jax_ppo.ppo.monitor import MonitorConfig
   from jax_ppo.quickstart.config import smoke
-  from jax_ppo.reward_model.trainer import RewardModelConfig
+  from jax_ppo.reward_model import RewardModelConfig, RewardModelOptimizer
   from jax_ppo.rewards.specs import RewardSource
   from jax_ppo.runs.ppo_config import RunConfig
   from jax_ppo.runs.reward import RewardRunConfig
@@ -418,7 +418,9 @@ def _stage_configs() -> list:
                    lora=LoRAConfig(rank=2)),
       RewardRunConfig(model_path="m", train_path="prefs.json", run_dir="runs/rm",
                       policy_path="runs/sft/hf_model", normalise=False,
-                      reward=RewardModelConfig(batch_size=4, max_grad_norm=None)),
+                      reward=RewardModelConfig(
+                          batch_size=4, gradient_accumulation_steps=2,
+                          optimizer=RewardModelOptimizer(max_grad_norm=None, learning_rate=3e-5))),
       smoke(seed=3, kl_coef=0.05),
   ]
 

@@ -33,7 +33,7 @@ SFT_SMALL = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4", "sft.tota
              "sft.gradient_accumulation_steps=1", "sft.optimizer.warmup_steps=0",
              "sft.eval_every=0", "progress=false"]
 REWARD_SMALL = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4",
-                "reward.total_steps=2", "reward.warmup_steps=0", "reward.eval_every=0",
+                "reward.total_steps=2", "reward.optimizer.warmup_steps=0", "reward.eval_every=0",
                 "normalise_samples=4", "normalise_max_new_tokens=4", "progress=false"]
 PPO_SMALL = ["dtype=float32", "ppo.batch_size=4", "ppo.num_minibatches=2", "ppo.ppo_epochs=1",
              "ppo.max_new_tokens=4", "ppo.total_updates=2", "progress=false",

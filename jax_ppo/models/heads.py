@@ -90,7 +90,7 @@ class ScalarModel(nnx.Module):
 
     Reward normalisation (docs/rlhf_details.md item 16): with `gain = 1 / std` and
     `bias = -mean / std` of the scores of SFT-policy samples, those samples score with mean 0 and
-    std 1 afterwards (`jax_ppo.reward_model.trainer.normalisation_from_scores`). The pair is folded
+    std 1 afterwards (`jax_ppo.reward_model.pairwise.normalisation_from_scores`). The pair is folded
     into the head (`ScalarHead.rescale`), so it is saved and loaded with the model.
     """
     self.score_head.rescale(gain, bias)

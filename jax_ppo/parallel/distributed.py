@@ -191,6 +191,23 @@ def multi_process() -> bool:
   return jax.process_count() > 1
 
 
+def require_mesh(mesh: Any, *, config_field: str, trainer: str) -> None:
+  """Raises a ValueError naming the fix when this is one of several processes and `mesh` is None:
+  a multi-process run trains on one device mesh over every process's devices (alone, each
+  process would train the whole model on its own).
+
+  Args:
+    mesh: the trainer's mesh, or None.
+    config_field: the run-config field that sets it (e.g. "SFTRunConfig.mesh").
+    trainer: the trainer class that takes it (e.g. "SFTTrainer").
+  """
+  if mesh is None and multi_process():
+    raise ValueError(
+        f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
+        f"trains on one device mesh over every process's devices; give a mesh ({config_field}, "
+        f"e.g. mesh.data=-1, or {trainer}(mesh=jax_ppo.parallel.make_mesh(...))).")
+
+
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier `name` (`multihost_utils.
   sync_global_devices`); nothing on one process. Process 0 writes a file, moves or deletes one

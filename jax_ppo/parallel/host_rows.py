@@ -26,7 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_ppo.parallel.distributed import host_array
 
@@ -103,6 +103,22 @@ def global_rows(local: np.ndarray, sharding: jax.sharding.Sharding,
   return jax.make_array_from_process_local_data(sharding, local, tuple(shape))
 
 
+def place_rows(tree: Any, mesh: Mesh) -> Any:
+  """Host arrays whose rows (dimension 0) form one global batch -> global arrays on `mesh`,
+  rows split over the batch axes (`rules.batch_spec`), into which this process puts only the
+  rows its own devices hold (`global_rows`; on one process, all of them). Every process passes
+  the same batch; None leaves stay None."""
+  from jax_ppo.parallel.rules import batch_spec
+
+  def one(x):
+    x = np.asarray(x)
+    sharding = NamedSharding(mesh, batch_spec(x.shape, mesh))
+    start, stop = local_row_range(sharding, x.shape)
+    return global_rows(x[start:stop], sharding, x.shape)
+
+  return jax.tree.map(one, tree)
+
+
 def gathered(x: Any) -> np.ndarray:
   """The whole of `x` on this host: `np.asarray(x)`, or for a global array an all-gather that
   every process must call (`jax_ppo.parallel.distributed.host_array`)."""
@@ -135,6 +151,7 @@ __all__ = [
     "local_row_range",
     "local_rows",
     "multi_process",
+    "place_rows",
     "row_sharding",
     "stop_together",
 ]

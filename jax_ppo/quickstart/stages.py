@@ -308,7 +308,7 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
                  train: list[dict], held: list[dict], sft_samples: list[dict], *,
                  progress: bool = True) -> tuple[pathlib.Path, dict | None]:
   """Bradley-Terry reward model on the SFT trunk, normalised on SFT samples (mean 0, std 1)."""
-  from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
+  from jax_ppo.reward_model import RewardModelConfig, RewardModelOptimizer, RewardModelTrainer
 
   run_dir = out / "reward_model"
   hf = run_dir / "hf"
@@ -317,8 +317,9 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
   model = load_scalar_model(str(sft_hf), seed=cfg.seed)
   rm_config = RewardModelConfig(
       max_length=cfg.max_length, batch_size=cfg.rm_batch_size, total_steps=cfg.rm_steps,
-      eval_every=cfg.rm_eval_every, learning_rate=cfg.rm_learning_rate,
-      warmup_steps=min(20, cfg.rm_steps // 10), seed=cfg.seed,
+      eval_every=cfg.rm_eval_every, seed=cfg.seed,
+      optimizer=RewardModelOptimizer(learning_rate=cfg.rm_learning_rate,
+                                     warmup_steps=min(20, cfg.rm_steps // 10)),
   )
   with RewardModelTrainer(rm_config, model, train_data=train, eval_data=held,
                           tokenizer=tokenizer, run_dir=run_dir,

@@ -1,11 +1,13 @@
 r"""The pure pieces of pairwise reward-model training: preference pairs, the Bradley-Terry loss,
-the jitted step, and the reward normalisation's gain and bias.
+the pairs' scores and the reward normalisation's gain and bias.
 
 .. math::
    \mathcal{L} = -\frac{1}{N} \sum_i \log \sigma\bigl(r_c^{(i)} - r_r^{(i)} - m_i\bigr)
 
 in float32, the scores read at the last valid token of prompt + response
-(`jax_ppo.models.ScalarModel.score`). `jax_ppo.reward_model.trainer` builds the trainer on them.
+(`jax_ppo.models.ScalarModel.score`: the trunk's hidden states and a scalar head, never
+full-vocabulary logits). `jax_ppo.reward_model.steps` compiles the steps on them and
+`jax_ppo.reward_model.trainer` drives them.
 """
 
 from __future__ import annotations
@@ -13,11 +15,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx, struct
+from flax import struct
 
 from jax_ppo.models.heads import ScalarModel
-from jax_ppo.training.loop import SKIPPED_METRIC
 
 Array = jax.Array
 
@@ -86,19 +86,28 @@ def preference_pairs(
 
 def bradley_terry_loss(
     chosen_scores: Array, rejected_scores: Array, *, margin: Array | None = None,
-    weight: Array | None = None,
+    weight: Array | None = None, total: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
   r"""Mean of :math:`-\log\sigma(r_c - r_r - m)` over the pairs, in float32.
+
+  With `total`, the means become shares of a larger batch's means:
+  :math:`\sum_i w_i x_i / \text{total}`. A step split into microbatches passes each microbatch
+  its own weights and the whole step's weight sum as `total`; the microbatches' losses, metrics
+  and gradients then add up to the whole batch's (each microbatch weighted by its number of real
+  pairs).
 
   Args:
     chosen_scores, rejected_scores: `[B]` scores of the chosen and rejected sequences.
     margin: `[B]` per-pair margin `m` (None: 0).
     weight: `[B]` pair weights (e.g. 0 on padding rows; None: all 1); the loss and metrics are
       weighted means.
+    total: float32 scalar the weighted sums are divided by (None: the sum of `weight`, floored at
+      1e-8).
 
   Returns:
     `(loss, metrics)`: metrics `accuracy` (share with :math:`r_c > r_r`), `margin` (mean
-    :math:`r_c - r_r`), `chosen`, `rejected` (mean scores), `pairs` (weight sum).
+    :math:`r_c - r_r`), `chosen`, `rejected` (mean scores), `pairs` (weight sum of these `B`
+    pairs).
   """
   if chosen_scores.ndim != 1 or chosen_scores.shape != rejected_scores.shape:
     raise ValueError(f"chosen_scores and rejected_scores must both be [B], got "
@@ -106,7 +115,7 @@ def bradley_terry_loss(
   rc, rr = chosen_scores.astype(jnp.float32), rejected_scores.astype(jnp.float32)
   m = jnp.zeros_like(rc) if margin is None else jnp.asarray(margin, jnp.float32)
   w = jnp.ones_like(rc) if weight is None else jnp.asarray(weight, jnp.float32)
-  total = jnp.maximum(jnp.sum(w), 1e-8)
+  total = jnp.maximum(jnp.sum(w), 1e-8) if total is None else total
   mean = lambda x: jnp.sum(w * x) / total  # noqa: E731
   loss = mean(-jax.nn.log_sigmoid(rc - rr - m))
   metrics = {"accuracy": mean((rc > rr).astype(jnp.float32)), "margin": mean(rc - rr),
@@ -147,77 +156,8 @@ def normalisation_from_scores(scores) -> dict[str, float]:
           "samples": int(s.size)}
 
 
-class RewardModelState(struct.PyTreeNode):
-  """Everything a reward-model step changes.
-
-  Attributes:
-    params: the trainable variables (every `nnx.Param`, or the LoRA adapters and the head).
-    opt_state: optax state over `params`.
-    step: int32, optimizer steps done (the schedule's clock and the data position).
-    lr_scale: float32 multiplier of the learning rate (a rollback lowers it).
-  """
-
-  params: nnx.State
-  opt_state: optax.OptState
-  step: Array
-  lr_scale: Array
-
-
-class RewardModelSteps:
-  """The jitted functions of a reward-model run (graph definition and optimizer bound).
-
-  - `train_step(state, rest, pairs) -> (state, metrics)`: one AdamW step on the pairs' mean
-    Bradley-Terry loss (the state is donated). A step whose loss or gradient is not finite
-    leaves the parameters and optimizer state unchanged and reports `skipped_updates = 1`.
-  - `eval_sums(params, rest, pairs, weight) -> sums`: weighted sums of loss, accuracy and count.
-  - `scores(params, rest, ids, mask) -> [B]`: the model's scores.
-  """
-
-  def __init__(self, *, graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-               schedule: optax.Schedule):
-    self.graphdef = graphdef
-    self.optimizer = optimizer
-    self.schedule = schedule
-    self.train_step = jax.jit(self._train_step, donate_argnums=0)
-    self.eval_sums = jax.jit(self._eval_sums)
-    self.scores = jax.jit(self._scores)
-
-  def _scores(self, params, rest, ids, mask) -> Array:
-    return nnx.merge(self.graphdef, params, rest).score(ids, mask)
-
-  def _loss(self, params, rest, pairs: PreferencePairs, weight):
-    chosen, rejected = pair_scores(nnx.merge(self.graphdef, params, rest), pairs)
-    return bradley_terry_loss(chosen, rejected, margin=pairs.margin, weight=weight)
-
-  def _train_step(self, state: RewardModelState, rest, pairs: PreferencePairs):
-    (loss, metrics), grads = jax.value_and_grad(self._loss, has_aux=True)(
-        state.params, rest, pairs, None)
-    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-    updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
-    params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-    metrics = {f"train/{k}": v for k, v in metrics.items() if k != "pairs"}
-    metrics.update({
-        "train/loss": loss, "train/grad_norm": grad_norm,
-        "train/learning_rate": self.schedule(state.step) * state.lr_scale,
-        SKIPPED_METRIC: 1.0 - finite.astype(jnp.float32),
-    })
-    new = state.replace(params=keep(params, state.params),
-                        opt_state=keep(opt_state, state.opt_state), step=state.step + 1)
-    return new, metrics
-
-  def _eval_sums(self, params, rest, pairs: PreferencePairs, weight) -> dict[str, Array]:
-    loss, m = self._loss(params, rest, pairs, weight)
-    return {"loss": loss * m["pairs"], "accuracy": m["accuracy"] * m["pairs"],
-            "pairs": m["pairs"]}
-
-
 __all__ = [
     "PreferencePairs",
-    "RewardModelState",
-    "RewardModelSteps",
     "bradley_terry_loss",
     "normalisation_from_scores",
     "pair_scores",

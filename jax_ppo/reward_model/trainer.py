@@ -22,12 +22,19 @@ tokenizer): the gain is inside `score.weight`, the bias in `config.json`
 (`jax_ppo.models.hf.SCORE_BIAS_KEY`); `load_scalar_model` returns the normalised scores,
 transformers the normalised scores minus that constant bias (the same preferences and scale).
 
-`RewardModelSteps` (`jax_ppo.reward_model.pairwise`, with the loss and the normalisation's
-arithmetic) holds the pure, jitted step; `RewardModelTrainer` the host side: tokenising
-records, a deterministic batch order (`[seed, epoch]`-seeded permutations, so the step count alone
-fixes the data position), evaluation, normalisation and export. With a `run_dir` the shared
-`RunLoop` writes `config.yaml`, `metrics.jsonl`, checkpoints and a progress bar, and resumes from
-the latest checkpoint, as for PPO and SFT.
+`RewardModelSteps` (`jax_ppo.reward_model.steps`, on the loss and the normalisation's arithmetic
+of `jax_ppo.reward_model.pairwise`) holds the compiled steps; `RewardModelTrainer` the host side:
+tokenising records, the batch order of the training kit (`jax_ppo.training.state.batch_rows`:
+`[seed, epoch]`-seeded permutations, so the step count alone fixes the data position),
+evaluation, normalisation and export (`jax_ppo.training.export.export_pretrained`). With a
+`run_dir` the shared `RunLoop` writes `config.yaml`, `metrics.jsonl`, checkpoints and a progress
+bar, and resumes from the latest checkpoint, as for PPO and SFT.
+
+On a device mesh (`mesh=`) the parameters and optimizer state are split by the logical-axis rules
+and each batch's rows over `data` x `fsdp`; in a multi-process job every process holds the same
+records but puts only its own rows of each batch into the global arrays
+(`jax_ppo.parallel.host_rows`), evaluation and the normalisation's scores are global, and only
+process 0 writes files.
 """
 
 from __future__ import annotations
@@ -38,7 +45,6 @@ import logging
 import math
 import os
 import pathlib
-import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,106 +52,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.preferences import explicit_preference, is_chat
 from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.heads import ScalarModel
-from jax_ppo.models.hf import save_pretrained
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
-from jax_ppo.parallel.distributed import barrier, is_main_process
+from jax_ppo.parallel import host_rows
+from jax_ppo.parallel.distributed import is_main_process, require_mesh
+from jax_ppo.parallel.rules import shard_params
+from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import (
   PreferencePairs,
-  RewardModelState,
-  RewardModelSteps,
   normalisation_from_scores,
   preference_pairs,
 )
+from jax_ppo.reward_model.steps import RewardModelSteps
+from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
-from jax_ppo.training.optim import check_stage_fields, is_int, make_optimizer
+from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
 
 NORMALISATION_FILE = "reward_normalisation.json"
 """File `export` writes beside the weights: the gain, bias and the statistics they came from."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RewardModelConfig:
-  """Hyperparameters of a reward-model run. A batch is `batch_size` preference pairs."""
-
-  # --- data ---
-  max_length: int = 512
-  """Tokens of prompt + response; longer sequences lose their start (the score is read at the
-  end)."""
-  add_eos: bool = True
-  """Append EOS to every response (unless it ends with one), as the policy's responses end."""
-  prompt_field: str = "prompt"
-  chosen_field: str = "chosen"
-  rejected_field: str = "rejected"
-  margin_field: str = "margin"
-  """Record fields (the margin field is optional in a record; absent means 0)."""
-  pad_token_id: int | None = None
-  """Id written into padding; None: the tokenizer's, or 0."""
-  eval_fraction: float = 0.0
-  """Share of the training pairs held out for evaluation when no eval_data is given."""
-  eos_token_id: int | None = None
-  """Id appended to responses; None: the tokenizer's EOS, else the model config's first."""
-
-  # --- schedule ---
-  batch_size: int = 16
-  """Preference pairs per optimizer step (each a chosen and a rejected row)."""
-  num_epochs: int = 1
-  """Passes over the pairs when `total_steps` is None (one pass is usual: reward models
-  overfit quickly, Ouyang et al. 2022)."""
-  total_steps: int | None = None
-  """Optimizer steps of the run; None: `num_epochs` passes."""
-  eval_every: int = 0
-  """Evaluate on the held-out split every this many steps (0: only when `evaluate()` is
-  called)."""
-  eval_batch_size: int = 32
-  """Pairs per evaluation (and scoring) batch."""
-
-  # --- optimisation (the fields `jax_ppo.training.optim.make_optimizer` reads) ---
-  learning_rate: float = 1e-5
-  """Peak learning rate of AdamW."""
-  lr_schedule: str = "linear"
-  """"constant", "linear" (decay to 0) or "cosine" (to 0), after warm-up."""
-  warmup_steps: int = 0
-  adam_b1: float = 0.9
-  adam_b2: float = 0.999
-  adam_eps: float = 1e-8
-  weight_decay: float = 0.0
-  max_grad_norm: float | None = 1.0
-  """Clip gradients by global norm (None disables)."""
-  max_consecutive_skips: int | None = 5
-  """Stop with `NonFiniteUpdates` after this many consecutive steps skipped for a NaN/inf loss or
-  gradient (None: never stop)."""
-  train_scan_layers: bool | None = None
-  """Layer loop of the training forward/backward (see `PPOConfig.train_scan_layers`)."""
-  seed: int = 0
-  """Seed of the batch order."""
-
-  def __post_init__(self):
-    def bad(field: str, fix: str):
-      raise ValueError(f"RewardModelConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
-
-    for field, low in (("max_length", 2), ("batch_size", 1), ("num_epochs", 1),
-                       ("eval_every", 0), ("eval_batch_size", 1), ("warmup_steps", 0)):
-      if not is_int(getattr(self, field)) or getattr(self, field) < low:
-        bad(field, f"use an int >= {low}")
-    check_stage_fields(self, bad, lr_hint="about 1e-5 for a full reward-model fine-tune",
-                       data="the pairs")
-    if not isinstance(self.add_eos, bool):
-      bad("add_eos", "use True or False")
-    for field in ("prompt_field", "chosen_field", "rejected_field", "margin_field"):
-      if not isinstance(getattr(self, field), str) or not getattr(self, field):
-        bad(field, "give the record's field name as a non-empty string")
-    if not (isinstance(self.eval_fraction, (int, float)) and 0 <= self.eval_fraction < 1):
-      bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval_data")
 
 
 def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
@@ -181,6 +116,10 @@ class RewardModelTrainer(RunStage):
     run_options: `RunOptions` of the run folder.
     run_config: the dataclass written to `config.yaml` and checked when resuming (default:
       `config`).
+    mesh: a device mesh (`jax_ppo.parallel.make_mesh`): the model's parameters (best loaded
+      straight into their shards, `load_scalar_model(..., mesh=mesh)`) and the optimizer state
+      are placed by the logical-axis rules and every batch's rows split over `data` x `fsdp`;
+      required in a multi-process job. None: one device.
   """
 
   def __init__(
@@ -194,7 +133,12 @@ class RewardModelTrainer(RunStage):
       run_dir: str | os.PathLike | None = None,
       run_options: RunOptions | None = None,
       run_config: Any = None,
+      mesh: Mesh | None = None,
   ):
+    require_mesh(mesh, config_field="RewardRunConfig.mesh", trainer="RewardModelTrainer")
+    if mesh is not None and not isinstance(mesh, Mesh):
+      raise TypeError(f"mesh must be a jax.sharding.Mesh (jax_ppo.parallel.make_mesh), got "
+                      f"{type(mesh).__name__}.")
     if not isinstance(model, ScalarModel):
       raise TypeError(f"model must be a jax_ppo.models.ScalarModel (e.g. load_scalar_model("
                       f"path)), got {type(model).__name__}.")
@@ -224,22 +168,26 @@ class RewardModelTrainer(RunStage):
       self.train_pairs = self.train_pairs.take(np.sort(order[n_eval:]))
     self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
-    if c.warmup_steps > self.total_steps:
-      raise ValueError(f"RewardModelConfig.warmup_steps={c.warmup_steps} is invalid: it exceeds "
+    warmup = c.optimizer.warmup_steps
+    if warmup > self.total_steps:
+      raise ValueError(f"RewardModelConfig.optimizer.warmup_steps={warmup} is invalid: it exceeds "
                        f"the run's {self.total_steps} optimizer steps; lower it or train longer.")
+    self.mesh = mesh
     self.lora = has_lora(model)
     trainable = nnx.Any(nnx.LoRAParam, nnx.PathContains("score_head")) if self.lora else nnx.Param
     with layer_loop(model, c.train_scan_layers):
       graphdef, params, self.rest = nnx.split(model, trainable, ...)
-    fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c)}
-    self.optimizer, self.schedule = make_optimizer(
-        types.SimpleNamespace(**fields, total_optimizer_steps=self.total_steps))
+    self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
     self.steps = RewardModelSteps(graphdef=graphdef, optimizer=self.optimizer,
-                                  schedule=self.schedule)
-    state = RewardModelState(params=params, opt_state=self.optimizer.init(params),
-                             step=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32))
-    # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-    self.state: RewardModelState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+                                  schedule=self.schedule,
+                                  accumulation_steps=c.gradient_accumulation_steps, mesh=mesh)
+    state = init_stage_state(self.optimizer, params)
+    if mesh is None:
+      # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
+      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    else:  # split by the logical-axis rules, as the compiled steps return it
+      self.state = shard_params(state, mesh)
+      self.rest = shard_params(self.rest, mesh)
     self.normalisation: dict[str, float] | None = None
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir),
@@ -336,16 +284,20 @@ class RewardModelTrainer(RunStage):
     return preference_pairs(ci, cm, ri, rm, np.asarray(margins, np.float32), name=name)
 
   def batch_index(self, step: int) -> np.ndarray:
-    """Pair indices of optimizer step `step` (0-based): positions `step * B ...` of the stream
-    of `[seed, epoch]`-seeded permutations of the training pairs."""
-    n, b = self.train_pairs.num_pairs, self.config.batch_size
-    positions = np.arange(step * b, (step + 1) * b)
-    out = np.empty(b, np.int64)
-    for epoch in np.unique(positions // n):
-      perm = np.random.default_rng([self.config.seed, int(epoch)]).permutation(n)
-      sel = positions // n == epoch
-      out[sel] = perm[positions[sel] % n]
-    return out
+    """Pair indices `[batch_size]` of optimizer step `step` (0-based): the kit's batch order
+    (`batch_rows(..., epoch_end="wrap")`: a stream of `[seed, epoch]`-seeded permutations of
+    the training pairs, every batch full)."""
+    return batch_rows(self.config.seed, step, self.config.batch_size,
+                      self.train_pairs.num_pairs, epoch_end="wrap")
+
+  def place_rows(self, tree: Any) -> Any:
+    """Host arrays whose rows (dimension 0) are a batch, as the compiled steps take them: as
+    they are on one process (the steps place them), else global arrays split on rows over
+    `data` x `fsdp` into which this process puts only its own rows
+    (`jax_ppo.parallel.host_rows.global_rows`)."""
+    if self.mesh is None or not host_rows.multi_process():
+      return tree
+    return host_rows.place_rows(tree, self.mesh)
 
   # -- `Stage` of `RunLoop` -------------------------------------------------------------------
 
@@ -360,7 +312,7 @@ class RewardModelTrainer(RunStage):
 
   def step(self) -> dict[str, float]:
     """One optimizer step on the next batch of pairs (and an evaluation every `eval_every`)."""
-    batch = self.train_pairs.take(self.batch_index(self.step_count))
+    batch = self.place_rows(self.train_pairs.take(self.batch_index(self.step_count)))
     self.state, metrics = self.steps.train_step(self.state, self.rest, batch)
     metrics = _to_host(metrics)
     c = self.config
@@ -370,22 +322,24 @@ class RewardModelTrainer(RunStage):
 
   def evaluate(self, data: PreferencePairs | Sequence[Any] | None = None) -> dict[str, float]:
     """`{"eval/loss", "eval/accuracy", "eval/pairs"}` over every pair of `data` (default: the
-    held-out split), with the pair-weighted means of `bradley_terry_loss`."""
+    held-out split), with the pair-weighted means of `bradley_terry_loss` (over every process's
+    rows in a multi-process run)."""
     pairs = self.eval_pairs if data is None else self.encode(data, "data")
     if pairs is None:
       raise ValueError("No held-out split: pass eval_data to RewardModelTrainer or data here.")
     size = min(self.config.eval_batch_size, pairs.num_pairs)
     sums = {"loss": 0.0, "accuracy": 0.0, "pairs": 0.0}
     for index, weight in _chunks(pairs.num_pairs, size):
-      out = _to_host(self.steps.eval_sums(self.state.params, self.rest, pairs.take(index),
-                                          weight))
+      rows = self.place_rows((pairs.take(index), weight))
+      out = _to_host(self.steps.eval_sums(self.state.params, self.rest, *rows))
       sums = {k: sums[k] + out[k] for k in sums}
     return {"eval/loss": sums["loss"] / sums["pairs"],
             "eval/accuracy": sums["accuracy"] / sums["pairs"], "eval/pairs": sums["pairs"]}
 
   def score(self, input_ids, attention_mask) -> np.ndarray:
     """Scores `[N]` (float32, host) of `input_ids`/`attention_mask` `[N, S]`, in batches of
-    `eval_batch_size`."""
+    `eval_batch_size` (several processes: each gives the same `N` rows, scores its own share,
+    and every process gets all `N` scores)."""
     ids, mask = np.asarray(input_ids), np.asarray(attention_mask)
     if ids.ndim != 2 or ids.shape != mask.shape or ids.shape[0] < 1:
       raise ValueError(f"input_ids and attention_mask must both be [N, S] with N >= 1, got "
@@ -393,9 +347,9 @@ class RewardModelTrainer(RunStage):
     size = min(self.config.eval_batch_size, ids.shape[0])
     out = []
     for index, weight in _chunks(ids.shape[0], size):
-      s = self.steps.scores(self.state.params, self.rest, ids[index].astype(np.int32),
-                            mask[index].astype(np.int32))
-      out.append(np.asarray(s)[weight > 0])
+      rows = self.place_rows((ids[index].astype(np.int32), mask[index].astype(np.int32)))
+      s = self.steps.scores(self.state.params, self.rest, *rows)
+      out.append(host_rows.gathered(s)[weight > 0])
     return np.concatenate(out)
 
   def normalise(self, scores=None, *, input_ids=None, attention_mask=None) -> dict[str, float]:
@@ -443,7 +397,6 @@ class RewardModelTrainer(RunStage):
     `load_scalar_model` and `transformers.AutoModelForSequenceClassification` load, the
     tokenizer (when given) and `NORMALISATION_FILE` (after `normalise`). A model config without
     a pad id gets this trainer's (transformers needs one to find each row's last token)."""
-    path = pathlib.Path(path)
     model = self.model
     if model.config.pad_token_id is None:  # transformers finds the last token by the pad id
       model.config = dataclasses.replace(model.config, pad_token_id=int(self.pad_token_id))
@@ -453,18 +406,13 @@ class RewardModelTrainer(RunStage):
           "the last token that is not the pad id, i.e. before a final EOS, where "
           "load_scalar_model reads the EOS itself. Give the tokenizer a separate pad token for "
           "transformers to agree.", model.config.pad_token_id)
-    save_pretrained(model, str(path), dtype=dtype, max_shard_size=max_shard_size)
-    if is_main_process():  # (several processes: every one gathered, process 0 writes)
-      if self.tokenizer is not None:
-        self.tokenizer.save_pretrained(str(path))
-      if self.normalisation is not None:
-        (path / NORMALISATION_FILE).write_text(json.dumps(self.normalisation, indent=2) + "\n")
-    barrier(f"export {path}")
-    return path
+    files = ({} if self.normalisation is None else
+             {NORMALISATION_FILE: json.dumps(self.normalisation, indent=2) + "\n"})
+    return export_pretrained(model, path, tokenizer=self.tokenizer, dtype=dtype,
+                             max_shard_size=max_shard_size, files=files)
 
 
 __all__ = [
     "NORMALISATION_FILE",
-    "RewardModelConfig",
     "RewardModelTrainer",
 ]

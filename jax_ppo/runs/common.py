@@ -135,6 +135,40 @@ class StageRunConfig:
                       resume_ignore=STAGE_OPERATIONAL_FIELDS)
 
 
+def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
+                train_keys: Sequence[str]) -> tuple[dict[str, Any], bool]:
+  """Runs what is left of an offline stage's run (at most `config.steps_per_run` steps).
+
+  Args:
+    trainer: the stage's trainer (`SFTTrainer`, `RewardModelTrainer`).
+    config: the stage's run config.
+    stage: the summary's "stage" value ("sft", "reward").
+    train_keys: metrics of the last step copied into the summary (those it has).
+
+  Returns:
+    `(summary, finished)`: the summary holds "stage", "run_dir", "step", "total_steps",
+    "steps_run", "complete", "preempted", "export_dir" (None: the caller exports) and the last
+    step's `train_keys`; `finished` is True when the run is complete and was not preempted (time
+    to evaluate and export).
+  """
+  if trainer.step_count >= trainer.total_steps:
+    logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
+                trainer.step_count, trainer.total_steps)
+  left = max(trainer.total_steps - trainer.step_count, 0)
+  # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
+  history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
+                                                                         left))
+  complete = trainer.step_count >= trainer.total_steps
+  summary: dict[str, Any] = {
+      "stage": stage, "run_dir": config.run_dir, "step": trainer.step_count,
+      "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
+      "preempted": history.preempted, "export_dir": None,
+  }
+  if history:
+    summary.update({k: float(history[-1][k]) for k in train_keys if k in history[-1]})
+  return summary, complete and not history.preempted
+
+
 def load_stage_config(cls: type[T], argv: Sequence[str]) -> T:
   """A stage config (`SFTRunConfig`, `RewardRunConfig`) from at most one YAML/JSON file and
   `key=value` overrides (e.g. `["sft.yaml", "sft.learning_rate=1e-5"]`).
@@ -260,4 +294,5 @@ __all__ = [
     "check_records_file",
     "load_stage_config",
     "read_records",
+    "train_stage",
 ]

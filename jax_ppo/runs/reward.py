@@ -15,7 +15,13 @@ Example config (YAML)::
   train_path: data/preferences.jsonl   # {"prompt": ..., "chosen": ..., "rejected": ...}
                                        # (text or chats: jax_ppo.data.preferences)
   run_dir: runs/reward
-  reward: {batch_size: 16, learning_rate: 1.0e-5, num_epochs: 1, eval_fraction: 0.05}
+  reward: {batch_size: 16, num_epochs: 1, eval_fraction: 0.05, optimizer: {learning_rate: 1.0e-5}}
+
+With `mesh` (e.g. `mesh.fsdp=-1`) the reward model is read straight into its shards and trains
+on the mesh, and the normalisation's policy samples are drawn on the same mesh; a multi-process
+job (`distributed`) needs a mesh over every process's devices. A run folder written before the
+optimizer block existed (flat `reward.learning_rate`, ...) resumes: `jax_ppo.config_io.
+migrate_keys` moves its keys (`RewardModelConfig.MOVED_KEYS`) when the saved config is compared.
 """
 
 from __future__ import annotations
@@ -43,7 +49,11 @@ from jax_ppo.models import (
   load_tokenizer,
   resize_token_embeddings,
 )
-from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
+from jax_ppo.parallel import host_rows
+from jax_ppo.parallel.distributed import multi_process
+from jax_ppo.parallel.mesh import make_mesh
+from jax_ppo.reward_model.config import RewardModelConfig
+from jax_ppo.reward_model.trainer import RewardModelTrainer
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
 from jax_ppo.runs.common import (
@@ -54,6 +64,7 @@ from jax_ppo.runs.common import (
   grow_vocab,
   load_stage_config,
   read_records,
+  train_stage,
 )
 from jax_ppo.training.loop import RunOptions
 
@@ -65,7 +76,8 @@ class RewardRunConfig(StageRunConfig):
   `reward.prompt_field`, `reward.chosen_field`, `reward.rejected_field`, `reward.margin_field`."""
 
   reward: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
-  """Reward-model hyperparameters (`jax_ppo.reward_model.trainer.RewardModelConfig`)."""
+  """Reward-model hyperparameters (`jax_ppo.reward_model.config.RewardModelConfig`; its
+  optimizer block is `reward.optimizer`)."""
   normalise: bool = True
   """Set the reward normalisation from samples of the SFT policy before exporting."""
   policy_path: str | None = None
@@ -140,7 +152,8 @@ def _prompts(config: RewardRunConfig, train: list[dict]) -> list[Any]:
 
 
 def policy_samples(
-    config: RewardRunConfig, prompts: list[Any], *, seed: int, reward_tokenizer: Any = None
+    config: RewardRunConfig, prompts: list[Any], *, seed: int, reward_tokenizer: Any = None,
+    mesh: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Prompt + sampled response ids and attention mask `[N, S]` for the normalisation: one
   response per prompt from the policy (`policy_path`, default `model_path`), with the sampling
@@ -150,6 +163,9 @@ def policy_samples(
   coming from the SFT folder), the sequences are the policy's own ids, left-padded prompt and
   response with its stop token (or cut at the length limit), exactly what PPO's
   `RewardModelScorer` scores. Otherwise the texts are re-tokenized by `reward_tokenizer`.
+
+  With a `mesh` (the reward model's) the policy is read straight into its shards and sampled
+  there (`Sampler(..., mesh=mesh)`); every process gets all `N` rows.
   """
   path = config.policy_path or config.model_path
   check_model_folder("RewardRunConfig.policy_path" if config.policy_path else
@@ -157,7 +173,7 @@ def policy_samples(
   eos = load_config(path).eos_token_ids
   tokenizer = load_tokenizer(path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
-  policy = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32)
+  policy = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32, mesh=mesh)
   if config.resize_embeddings and len(tokenizer) > policy.config.vocab_size:
     resize_token_embeddings(policy, len(tokenizer))
   check_vocab_covers(tokenizer, policy.config)
@@ -167,14 +183,18 @@ def policy_samples(
          list(tokenizer(p)["input_ids"]) for p in prompts]
   sampler = Sampler(policy, SamplingConfig(
       max_new_tokens=config.normalise_max_new_tokens, temperature=config.normalise_temperature,
-      stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id, truncate_prompts=True))
-  rollout = sampler(ids, jax.random.key(seed))
+      stop_token_ids=stop, pad_token_id=tokenizer.pad_token_id, truncate_prompts=True),
+      mesh=mesh)
+  # On a mesh a raw uint32 key (the same bits): JAX places an uncommitted raw key onto other
+  # processes' devices (checking that every process passed the same), not a typed key.
+  key = jax.random.key(seed) if mesh is None else jax.random.PRNGKey(seed)
+  rollout = sampler(ids, key)
   if reward_tokenizer is None or tokenizer.get_vocab() == reward_tokenizer.get_vocab():
-    return np.asarray(rollout.sequence_ids), np.asarray(rollout.attention_mask)
+    return host_rows.gathered(rollout.sequence_ids), host_rows.gathered(rollout.attention_mask)
   rows = []
   for p_ids, p_mask, r_ids, r_mask in zip(
-      *map(np.asarray, (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
-                        rollout.response_mask)), strict=True):
+      *map(host_rows.gathered, (rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids,
+                                rollout.response_mask)), strict=True):
     text = tokenizer.decode(np.concatenate([p_ids[p_mask > 0], r_ids[r_mask]]).tolist(),
                             skip_special_tokens=True)
     rows.append(list(reward_tokenizer(text)["input_ids"]) or [reward_tokenizer.pad_token_id])
@@ -190,6 +210,12 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   """Loads the model (a new score head on a causal-LM folder, or a reward model's own head),
   tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
   check_model_folder("RewardRunConfig.model_path", config.model_path)
+  if config.mesh is None and multi_process():  # (before loading any model)
+    raise ValueError(
+        "RewardRunConfig.mesh=None, but this is one of several processes of a multi-process job: "
+        "give a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or "
+        "mesh.fsdp=-1.")
+  mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.reward
   need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses
   for field in ("train_path", "eval_path", "normalise_prompts_path"):
@@ -199,7 +225,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = load_scalar_model(config.model_path, seed=c.seed, dtype=DTYPES[config.dtype],
-                            param_dtype=jnp.float32)
+                            param_dtype=jnp.float32, mesh=mesh)
   grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="reward model")
   check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
@@ -209,7 +235,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
       config.eval_path, field="RewardRunConfig.eval_path", required=need)
   trainer = RewardModelTrainer(c, model, train_data=train, eval_data=evaluation,
                                tokenizer=tokenizer, run_dir=config.run_dir,
-                               run_options=config.run_options(), run_config=config)
+                               run_options=config.run_options(), run_config=config, mesh=mesh)
   trainer.train_records = train
   return trainer
 
@@ -227,29 +253,16 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_reward_trainer(config)
   try:
-    if trainer.step_count >= trainer.total_steps:
-      logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
-                  trainer.step_count, trainer.total_steps)
-    left = max(trainer.total_steps - trainer.step_count, 0)
-    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
-    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
-                                                                           left))
-    complete = trainer.step_count >= trainer.total_steps
-    summary: dict[str, Any] = {
-        "stage": "reward", "run_dir": config.run_dir, "step": trainer.step_count,
-        "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
-        "preempted": history.preempted, "export_dir": None,
-    }
-    if history:
-      summary.update({k: float(history[-1][k]) for k in ("train/loss", "train/accuracy")
-                      if k in history[-1]})
-    if complete and not history.preempted:
+    summary, finished = train_stage(trainer, config, stage="reward",
+                                    train_keys=("train/loss", "train/accuracy"))
+    if finished:
       if trainer.eval_pairs is not None:
         metrics = trainer.evaluate()
         summary.update({k: metrics[k] for k in ("eval/loss", "eval/accuracy")})
       if config.normalise:
         ids, mask = policy_samples(config, _prompts(config, trainer.train_records),
-                                   seed=config.reward.seed, reward_tokenizer=trainer.tokenizer)
+                                   seed=config.reward.seed, reward_tokenizer=trainer.tokenizer,
+                                   mesh=trainer.mesh)
         summary["normalisation"] = trainer.normalise(input_ids=ids, attention_mask=mask)
       summary["export_dir"] = str(trainer.export(config.export_path))
       logger.info("Reward model written to %s.", config.export_path)

@@ -52,6 +52,7 @@ from jax_ppo.runs.common import (
     grow_vocab,
     load_stage_config,
     read_records,
+    train_stage,
 )
 from jax_ppo.sft import SFTConfig, SFTTrainer
 
@@ -120,22 +121,8 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_sft_trainer(config)
   try:
-    if trainer.step_count >= trainer.total_steps:
-      logger.info("%s is complete (step %d of %d); exporting only.", config.run_dir,
-                  trainer.step_count, trainer.total_steps)
-    left = max(trainer.total_steps - trainer.step_count, 0)
-    # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
-    history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
-                                                                           left))
-    complete = trainer.step_count >= trainer.total_steps
-    summary: dict[str, Any] = {
-        "stage": "sft", "run_dir": config.run_dir, "step": trainer.step_count,
-        "total_steps": trainer.total_steps, "steps_run": len(history), "complete": complete,
-        "preempted": history.preempted, "export_dir": None,
-    }
-    if history:
-      summary["train/loss"] = float(history[-1]["train/loss"])
-    if complete and not history.preempted:
+    summary, finished = train_stage(trainer, config, stage="sft", train_keys=("train/loss",))
+    if finished:
       if trainer.eval_rows is not None:
         metrics = trainer.evaluate()
         summary.update({k: metrics[k] for k in ("eval/loss", "eval/perplexity")})

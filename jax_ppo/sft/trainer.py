@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.sft import (
@@ -46,7 +46,8 @@ from jax_ppo.data.sft import (
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
-from jax_ppo.parallel.rules import batch_spec, shard_params
+from jax_ppo.parallel.distributed import require_mesh
+from jax_ppo.parallel.rules import shard_params
 from jax_ppo.sft.config import SFTConfig
 from jax_ppo.sft.steps import SFTBatch, SFTSteps
 from jax_ppo.training.export import export_pretrained
@@ -100,12 +101,7 @@ class SFTTrainer(RunStage):
       run_config: Any = None,
       mesh: Mesh | None = None,
   ):
-    if mesh is None and host_rows.multi_process():
-      raise ValueError(
-          f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
-          "trains on one device mesh over every process's devices; give a mesh "
-          "(SFTRunConfig.mesh, e.g. mesh.data=-1, or SFTTrainer(mesh=jax_ppo.parallel."
-          "make_mesh(...))).")
+    require_mesh(mesh, config_field="SFTRunConfig.mesh", trainer="SFTTrainer")
     self.config = c = config
     self.mesh = mesh
     self.tokenizer = tokenizer
@@ -220,17 +216,11 @@ class SFTTrainer(RunStage):
     packed = self.config.packing
     if self.mesh is None:
       return SFTBatch.from_rows(rows.take(index), packed=packed)
-    shape = (len(index), rows.input_ids.shape[1])
-    sharding = NamedSharding(self.mesh, batch_spec(shape, self.mesh))
-    start, stop = host_rows.local_row_range(sharding, shape)
-    local = rows.take(np.asarray(index)[start:stop])
-    place = lambda x: host_rows.global_rows(x, sharding, shape)
-    return SFTBatch(
-        input_ids=place(local.input_ids), attention_mask=place(local.attention_mask),
-        positions=place(local.positions),
-        segment_ids=place(local.segment_ids) if packed else None,
-        targets=place(local.targets), loss_mask=place(local.loss_mask),
-    )
+    taken = rows.take(np.asarray(index))
+    return host_rows.place_rows(SFTBatch(
+        input_ids=taken.input_ids, attention_mask=taken.attention_mask, positions=taken.positions,
+        segment_ids=taken.segment_ids if packed else None, targets=taken.targets,
+        loss_mask=taken.loss_mask), self.mesh)
 
   # -- run folder (the `Stage` of `RunLoop`) ------------------------------------------------
 

@@ -23,7 +23,7 @@ from jax_ppo.data import (
 from jax_ppo.data.sft import encode_records
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.reward_model.trainer import RewardModelConfig, RewardModelTrainer
+from jax_ppo.reward_model import RewardModelConfig, RewardModelOptimizer, RewardModelTrainer
 from jax_ppo.runs import ppo as run_module
 from jax_ppo.sft import SFTConfig, SFTOptimizer, SFTTrainer
 from tests.ppo.conftest import MODEL
@@ -78,9 +78,9 @@ def _where(fmt: str, index: int) -> str:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
   pytest.importorskip("tokenizers")
-  from tests.reward_model.test_reward_model import _word_tokenizer
+  from tests.reward_model.test_trainer import word_tokenizer
 
-  return _word_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
+  return word_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 
 
 # ---- round trips and field names -----------------------------------------------------------------
@@ -395,7 +395,8 @@ def test_sft_and_reward_model_trainers_train_on_file_records(tmp_path, tok):
 
   rm_path = _write(tmp_path, "dataset", PREFS * 2, "prefs")
   rm = RewardModelTrainer(RewardModelConfig(batch_size=4, total_steps=3, max_length=8,
-                                            learning_rate=3e-2, lr_schedule="constant"),
+                                            optimizer=RewardModelOptimizer(
+                                                learning_rate=3e-2, lr_schedule="constant")),
                           ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                           train_data=read_preference_records(rm_path), tokenizer=tok)
   np.testing.assert_array_equal(rm.train_pairs.margin, [1.5, 0.0, 1.5, 0.0])

@@ -411,10 +411,10 @@ def test_sigterm_during_sft_checkpoints_and_the_rerun_ends_like_the_uninterrupte
 def test_a_multi_process_job_without_a_mesh_is_one_clear_error(tmp_path, monkeypatch):
   """Several processes each training the whole model on their own devices would silently
   diverge: without a mesh both the trainer and `jax-ppo sft` refuse, naming the fix."""
-  from jax_ppo.parallel import host_rows
+  from jax_ppo.parallel import distributed
   from jax_ppo.runs import sft as sft_run
 
-  monkeypatch.setattr(host_rows, "multi_process", lambda: True)
+  monkeypatch.setattr(distributed, "multi_process", lambda: True)
   with pytest.raises(ValueError, match=r"a multi-process run trains on one device mesh .*"
                                        r"SFTRunConfig\.mesh"):
     _trainer()

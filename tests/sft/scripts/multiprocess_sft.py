@@ -27,32 +27,13 @@ os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
                                     "--xla_backend_optimization_level=0",
                                     "--xla_llvm_disable_expensive_passes=true"]).strip()
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # the repository: tests.*
+
+from tests.write_audit import record_writes  # noqa: E402
+
 ROOT = pathlib.Path(sys.argv[1]).resolve()
 NAME = sys.argv[2]
-WATCHED = str(ROOT / NAME)
-WRITES: list[list[str]] = []
-
-
-def _audit(event: str, args: tuple) -> None:
-  """Records file-system changes under the run folder (`open` for writing, mkdir,
-  rename/replace, remove, rmdir, rmtree)."""
-  if event == "open":
-    path, mode, flags = args
-    writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-        mode is None and isinstance(flags, int) and flags & 0o3)
-    paths = [path] if writing else []
-  elif event in ("os.mkdir", "os.remove", "os.rmdir", "shutil.rmtree"):
-    paths = [args[0]]
-  elif event == "os.rename":
-    paths = [args[0], args[1]]
-  else:
-    return
-  for p in paths:
-    if isinstance(p, bytes | str | pathlib.Path) and str(p).startswith(WATCHED):
-      WRITES.append([event, str(p)])
-
-
-sys.addaudithook(_audit)
+WRITES = record_writes(str(ROOT / NAME))
 
 import jax  # noqa: E402
 

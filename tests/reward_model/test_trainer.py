@@ -1,5 +1,6 @@
-"""Pairwise reward-model training: the Bradley-Terry loss and accuracy against NumPy, the margin,
-padding, learning a toy preference, reward normalisation through export, resume, bad inputs."""
+"""`RewardModelTrainer`: learning a toy preference, records of text, chats and ids, the held-out
+split, reward normalisation through export, resume and preemption, LoRA, the non-finite stop,
+bad inputs."""
 
 from __future__ import annotations
 
@@ -11,110 +12,26 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given
-from hypothesis import strategies as st
 
 from jax_ppo import models
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.hf import SCORE_BIAS_KEY
-from jax_ppo.reward_model.pairwise import (
-  bradley_terry_loss,
-  normalisation_from_scores,
-  pair_scores,
-  preference_pairs,
+from jax_ppo.reward_model import (
+    NORMALISATION_FILE,
+    RewardModelConfig,
+    RewardModelOptimizer,
+    RewardModelTrainer,
+    preference_pairs,
 )
-from jax_ppo.reward_model.trainer import NORMALISATION_FILE, RewardModelConfig, RewardModelTrainer
 from jax_ppo.training import RunOptions
+from tests.reward_model.test_pairwise import pad_row
 
 MODEL = ModelConfig(
     model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
 )
 TARGET, EOS = 7, 2
-
-
-def np_reference(rc, rr, margin, weight):
-  d = np.asarray(rc, np.float64) - np.asarray(rr, np.float64) - np.asarray(margin, np.float64)
-  w = np.asarray(weight, np.float64)
-  loss = np.sum(w * np.logaddexp(0.0, -d)) / np.sum(w)  # -log sigmoid(d), stably
-  accuracy = np.sum(w * (np.asarray(rc) > np.asarray(rr))) / np.sum(w)
-  return loss, accuracy
-
-
-_scores = st.lists(st.floats(-30, 30, width=32), min_size=1, max_size=8)
-
-
-@given(_scores, _scores, _scores, st.lists(st.floats(0, 2, width=32), min_size=8, max_size=8))
-def test_loss_and_accuracy_match_numpy(rc, rr, margin, weight):
-  n = min(len(rc), len(rr), len(margin))
-  rc, rr, margin = (np.asarray(x[:n], np.float32) for x in (rc, rr, margin))
-  weight = np.asarray(weight[:n], np.float32)
-  weight[0] = max(weight[0], 0.5)  # at least one pair counts
-  loss, metrics = jax.jit(bradley_terry_loss)(rc, rr, margin=margin, weight=weight)
-  ref_loss, ref_acc = np_reference(rc, rr, margin, weight)
-  assert loss.dtype == jnp.float32 and np.isfinite(float(loss))
-  np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(float(metrics["accuracy"]), ref_acc, atol=1e-6)
-  np.testing.assert_allclose(float(metrics["margin"]), np.sum(weight * (rc - rr)) / weight.sum(),
-                             rtol=1e-5, atol=1e-4)
-
-
-def test_margin_shifts_the_loss_as_the_formula_says():
-  rc = jnp.array([1.0, 0.5, -2.0, 3.0])
-  rr = jnp.array([0.0, 1.0, -2.5, -1.0])
-  margin = jnp.array([0.0, 0.5, 1.0, 2.0])
-  with_margin, m1 = bradley_terry_loss(rc, rr, margin=margin)
-  shifted, _ = bradley_terry_loss(rc - margin, rr)  # m enters exactly like a lower r_chosen
-  np.testing.assert_allclose(float(with_margin), float(shifted), rtol=1e-6)
-  np.testing.assert_allclose(float(with_margin), np_reference(rc, rr, margin, np.ones(4))[0],
-                             rtol=1e-6)
-  plain, m0 = bradley_terry_loss(rc, rr)
-  assert float(with_margin) > float(plain)  # a margin asks for a wider separation
-  assert float(m1["accuracy"]) == float(m0["accuracy"]) == 0.75  # not part of the accuracy
-  # Per pair: d/dm of -log sigmoid(d - m) is sigmoid(m - d) (> 0, and 1/2 at m = d).
-  grad = jax.grad(lambda m: bradley_terry_loss(rc[:1], rr[:1], margin=m)[0])(jnp.array([1.0]))
-  np.testing.assert_allclose(float(grad[0]), 0.5, rtol=1e-6)
-
-
-def _pad(seq, length, side):
-  ids = np.zeros(length, np.int32)
-  mask = np.zeros(length, np.int32)
-  sl = slice(0, len(seq)) if side == "right" else slice(length - len(seq), length)
-  ids[sl], mask[sl] = seq, 1
-  return ids, mask
-
-
-def test_scores_are_read_at_the_last_valid_token_with_left_and_right_padding():
-  model = ScalarModel(MODEL, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  rng = np.random.default_rng(0)
-  seqs = [list(rng.integers(3, 24, size=n)) for n in (4, 6, 6, 4)]  # two shapes: two compiles
-  chosen, rejected = seqs[:2], seqs[2:]
-
-  @jax.jit
-  def score(state, ids, mask):
-    return nnx.merge(graphdef, state).score(ids, mask)
-
-  # Reference: each sequence alone, unpadded; its score is the output at its own last token.
-  ref = [float(score(state, np.array([s]), np.ones((1, len(s)), np.int32))[0]) for s in seqs]
-
-  def pairs(side_c, side_r, junk=0):
-    rows = [_pad(s, 9, side) for s, side in zip(chosen + rejected,
-                                                 (side_c, side_c, side_r, side_r), strict=True)]
-    ids = np.stack([r[0] for r in rows])
-    mask = np.stack([r[1] for r in rows])
-    ids = np.where(mask == 1, ids, junk)  # whatever the pad slots hold
-    return preference_pairs(ids[:2], mask[:2], ids[2:], mask[2:], margin=[0.3, -0.2])
-
-  fn = jax.jit(lambda s, p: pair_scores(nnx.merge(graphdef, s), p))
-  for sides, junk in (("right", "right"), 0), (("left", "left"), 0), (("left", "right"), 11):
-    c, r = fn(state, pairs(*sides, junk=junk))
-    np.testing.assert_allclose(np.concatenate([c, r]), ref, atol=2e-5, err_msg=str(sides))
-    loss, metrics = bradley_terry_loss(c, r, margin=jnp.array([0.3, -0.2]))
-    ref_loss, ref_acc = np_reference(ref[:2], ref[2:], [0.3, -0.2], [1, 1])
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=1e-5)
-    assert float(metrics["accuracy"]) == ref_acc
 
 
 def _toy_records(n, seed):
@@ -132,8 +49,9 @@ def _toy_records(n, seed):
 
 
 def test_learns_a_toy_preference_to_high_held_out_accuracy():
-  config = RewardModelConfig(batch_size=32, total_steps=25, eos_token_id=EOS, learning_rate=3e-3,
-                             lr_schedule="constant", max_length=16, eval_every=25)
+  config = RewardModelConfig(batch_size=32, total_steps=25, eos_token_id=EOS, max_length=16,
+                             eval_every=25, optimizer=RewardModelOptimizer(
+                                 learning_rate=3e-3, lr_schedule="constant"))
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                                train_data=_toy_records(256, 0), eval_data=_toy_records(128, 1))
   before = trainer.evaluate()
@@ -156,18 +74,7 @@ def test_learns_a_toy_preference_to_high_held_out_accuracy():
                new.params, trainer.state.params)
 
 
-def test_normalisation_from_scores():
-  s = np.array([2.0, 4.0, 9.0, -1.0])
-  n = normalisation_from_scores(s)
-  z = n["gain"] * s + n["bias"]
-  np.testing.assert_allclose([z.mean(), z.std()], [0.0, 1.0], atol=1e-12)
-  assert n["mean"] == 3.5 and n["samples"] == 4
-  for bad, match in (([1.0], ">= 2"), ([1.0, np.nan], "NaN"), ([3.0, 3.0, 3.0], "std")):
-    with pytest.raises(ValueError, match=match):
-      normalisation_from_scores(np.array(bad))
-
-
-def _word_tokenizer(path):
+def word_tokenizer(path):
   import transformers
   from tokenizers import Tokenizer, pre_tokenizers
   from tokenizers import models as tok_models
@@ -188,7 +95,7 @@ def _word_tokenizer(path):
 
 def test_encodes_text_chat_and_id_records_with_eos_padding_and_margins(tmp_path):
   pytest.importorskip("tokenizers")
-  tok = _word_tokenizer(tmp_path / "tok")
+  tok = word_tokenizer(tmp_path / "tok")
   config = RewardModelConfig(batch_size=2, total_steps=1, max_length=8)
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
                                train_data=[
@@ -214,7 +121,7 @@ def test_conversational_records_score_the_template_up_to_eos(tmp_path):
   pytest.importorskip("tokenizers")
   from jax_ppo.data.sft import encode_record
 
-  tok = _word_tokenizer(tmp_path / "tok")
+  tok = word_tokenizer(tmp_path / "tok")
   tok.chat_template = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }}"
                        "{% if m['role'] == 'assistant' %} </s> the{% endif %} {% endfor %}"
                        "{% if add_generation_prompt %}assistant :{% endif %}")
@@ -262,13 +169,14 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
 
   from tests.models.conftest import hf_config
 
-  tok = _word_tokenizer(tmp_path / "tok")
+  tok = word_tokenizer(tmp_path / "tok")
   config = models.config.config_from_hf(hf_config("qwen2", pad_token_id=0))
   records = [{"prompt": "the film was", "chosen": c, "rejected": r}
              for c, r in (("good", "bad"), ("very good", "dull"), ("great", "not good"),
                           ("good plot", "bad plot"))]
   trainer = RewardModelTrainer(
-      RewardModelConfig(batch_size=2, total_steps=2, learning_rate=1e-3, max_length=12),
+      RewardModelConfig(batch_size=2, total_steps=2, max_length=12,
+                        optimizer=RewardModelOptimizer(learning_rate=1e-3)),
       ScalarModel(config, rngs=nnx.Rngs(3)), train_data=records, eval_data=records,
       tokenizer=tok)
   assert trainer.train_pairs.chosen_ids[0, :5].tolist() == [4, 5, 6, 7, 2]  # text + EOS
@@ -276,7 +184,7 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
 
   # "SFT samples": mixed left and right padding, pad id 0 only in pad slots.
   rng = np.random.default_rng(0)
-  rows = [_pad(list(rng.integers(3, 160, size=n)), 10, side)
+  rows = [pad_row(list(rng.integers(3, 160, size=n)), 10, side)
           for n, side in zip((3, 10, 6, 8, 5, 9, 4, 7), "lrlrlrlr", strict=True)]
   ids = np.stack([r[0] for r in rows])
   mask = np.stack([r[1] for r in rows])
@@ -312,8 +220,8 @@ def test_normalise_then_export_is_read_alike_by_load_scalar_model_and_transforme
 
 def _run_trainer(run_dir=None, *, save_every: int):
   """A 4-step reward-model run on toy pairs, optionally in `run_dir` (synchronous saves)."""
-  config = RewardModelConfig(batch_size=16, total_steps=4, learning_rate=3e-3, max_length=16,
-                             eos_token_id=EOS)
+  config = RewardModelConfig(batch_size=16, total_steps=4, max_length=16, eos_token_id=EOS,
+                             optimizer=RewardModelOptimizer(learning_rate=3e-3))
   options = RunOptions(save_every=save_every, progress=False, tensorboard=False,
                        async_checkpointing=False)
   return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
@@ -343,27 +251,6 @@ def test_run_folder_logs_checkpoints_and_resumes_like_an_uninterrupted_run(tmp_p
   lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in lines if "train/loss" in r] == [1, 2, 3, 4]
   assert (tmp_path / "run" / "config.yaml").is_file()
-
-
-@pytest.mark.parametrize("field, value", [
-    ("batch_size", 0), ("max_length", 1), ("total_steps", 0), ("learning_rate", 0.0),
-    ("lr_schedule", "step"), ("adam_b2", 1.0), ("max_grad_norm", -1.0), ("eval_every", -1),
-    ("pad_token_id", -2), ("chosen_field", ""), ("add_eos", "yes"), ("weight_decay", -0.1),
-    ("eos_token_id", 1.5), ("adam_b1", "0.9"), ("learning_rate", float("nan")),
-    ("eval_fraction", 1.0), ("max_consecutive_skips", 0),
-])
-def test_config_errors_name_the_field(field, value):
-  with pytest.raises(ValueError, match=rf"RewardModelConfig\.{field}=.*invalid: "):
-    RewardModelConfig(**{field: value})
-
-
-def test_warmup_longer_than_the_run_is_refused():
-  with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*total_steps \(3\)"):
-    RewardModelConfig(total_steps=3, warmup_steps=5)
-  with pytest.raises(ValueError, match=r"warmup_steps=5 is invalid: .*1 optimizer steps"):
-    RewardModelTrainer(RewardModelConfig(batch_size=4, warmup_steps=5, add_eos=False),
-                       ScalarModel(MODEL, rngs=nnx.Rngs(0)),
-                       train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
 
 
 def test_bad_data_errors_name_the_record_and_field():
@@ -413,8 +300,8 @@ def test_lora_trains_only_the_adapters_and_the_head():
             for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
   model = add_lora(ScalarModel(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
-  config = RewardModelConfig(batch_size=16, total_steps=3, learning_rate=1e-2, max_length=16,
-                             add_eos=False)
+  config = RewardModelConfig(batch_size=16, total_steps=3, max_length=16, add_eos=False,
+                             optimizer=RewardModelOptimizer(learning_rate=1e-2))
   trainer = RewardModelTrainer(config, model, train_data=_toy_records(32, 3))
   start, rest = flat(trainer.state.params), flat(trainer.rest)
   assert start and all("lora" in p or "score_head" in p for p in start), sorted(start)
@@ -473,3 +360,24 @@ def test_sigint_during_reward_model_training_checkpoints_and_resumes_exactly(tmp
     resumed.train()
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, straight.state),
                jax.tree.map(np.asarray, resumed.state))
+
+
+def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
+  """Several processes each training the whole model on their own devices would be several
+  different runs: without a mesh the trainer and the config-file run refuse, naming the fix
+  (the run before it loads any model)."""
+  from jax_ppo.parallel import distributed
+  from jax_ppo.runs import reward as reward_run
+
+  monkeypatch.setattr(distributed, "multi_process", lambda: True)
+  config = RewardModelConfig(batch_size=2, total_steps=1, eos_token_id=EOS)
+  with pytest.raises(ValueError, match=r"multi-process run trains on one device mesh .*mesh\.data"):
+    RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                       train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
+  monkeypatch.setattr(reward_run, "multi_process", lambda: True)
+  (tmp_path / "config.json").write_text("{}")  # (never read: the mesh is checked first)
+  run = reward_run.RewardRunConfig(model_path=str(tmp_path), train_path="p.jsonl",
+                                   run_dir=str(tmp_path / "run"))
+  with pytest.raises(ValueError, match=r"RewardRunConfig\.mesh=None, but this is one of several "
+                                       r"processes"):
+    reward_run.build_reward_trainer(run)

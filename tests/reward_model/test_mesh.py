@@ -1,0 +1,46 @@
+"""Reward-model training on a (data=2, fsdp=2, tensor=2) mesh of 8 fake CPU devices equals the
+single-device run (`RewardModelTrainer(..., mesh=...)`, gradient accumulation 2): parameters,
+optimizer state, metrics, evaluation and scores within 1e-5.
+
+The script (`scripts/sharded_step.py`) runs in a subprocess (`tests/parallel/multidevice.py`):
+the pytest process has one device.
+"""
+
+import pathlib
+
+import pytest
+
+from tests.parallel.multidevice import run_on_devices
+
+SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "sharded_step.py"
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def result():
+  return run_on_devices(SCRIPT, "2", "2", "2")
+
+
+@pytest.mark.slow
+def test_reward_model_steps_on_a_mesh_equal_one_device(result):
+  r = result
+  assert r["devices"] == 8 and r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+  assert r["steps"] == [2, 2]
+  # The parameters really are split (not replicated on every device) ...
+  assert r["param_devices"] == 8
+  assert any("fsdp" in s for s in r["param_specs"]) and any("tensor" in s for s in r["param_specs"])
+  # ... and the steps are the single-device ones: the loss is the mean over the global batch.
+  assert r["max_param_diff"] < TOL
+  assert r["max_opt_diff"] < TOL
+  single, sharded = r["history"]
+  assert len(single) == len(sharded) == 2
+  for a, b in zip(single, sharded, strict=True):
+    assert a.keys() == b.keys() and {"train/loss", "train/accuracy", "lr"} <= a.keys()
+    for key in a:
+      assert b[key] == pytest.approx(a[key], abs=TOL), key
+  assert abs(single[1]["train/loss"] - single[0]["train/loss"]) > 1e-3  # the steps moved
+  eval1, eval8 = r["eval"]
+  assert eval1["eval/pairs"] == eval8["eval/pairs"] == 12
+  for key in eval1:
+    assert eval8[key] == pytest.approx(eval1[key], abs=TOL), key
+  assert r["max_score_diff"] < TOL
