@@ -28,17 +28,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jax_ppo.parallel.distributed import host_array
+from jax_ppo.parallel.distributed import host_array, multi_process
 
 
 def is_global(x: Any) -> bool:
   """Whether `x` is a `jax.Array` with rows on other processes' devices."""
   return isinstance(x, jax.Array) and not x.is_fully_addressable
 
-
-def multi_process() -> bool:
-  """True when more than one process takes part in the computation."""
-  return jax.process_count() > 1
 
 
 def local_row_range(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> tuple[int, int]:
@@ -150,7 +146,6 @@ __all__ = [
     "is_global",
     "local_row_range",
     "local_rows",
-    "multi_process",
     "place_rows",
     "row_sharding",
     "stop_together",

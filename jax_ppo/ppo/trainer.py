@@ -69,6 +69,7 @@ from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
+from jax_ppo.parallel.distributed import multi_process, require_mesh
 from jax_ppo.parallel.placement import Placement
 from jax_ppo.ppo import perf, prompt_shards
 from jax_ppo.ppo.batch import Batch
@@ -176,11 +177,7 @@ class PPOTrainer(RunStage):
     self.config = c = config
     self.placement = resolve_placement(mesh, placement)
     mesh = None if self.placement is None else self.placement.policy
-    if mesh is None and host_rows.multi_process():
-      raise ValueError(
-          f"This is process {jax.process_index()} of {jax.process_count()}: a multi-process run "
-          "trains on one device mesh over every process's devices; give a mesh (RunConfig.mesh, "
-          "e.g. mesh.data=-1, or PPOTrainer(mesh=jax_ppo.parallel.make_mesh(...))).")
+    require_mesh(mesh, config_field="RunConfig.mesh", trainer="PPOTrainer")
     self.mesh = mesh
     self.dataset = prompts
     self.tokenizer = tokenizer
@@ -377,7 +374,7 @@ class PPOTrainer(RunStage):
     c = self.config
     t_start = time.perf_counter()
     key = jax.random.fold_in(self._rollout_key, self.step_count)
-    if host_rows.multi_process():  # each process reads, pads and places only its own rows
+    if multi_process():  # each process reads, pads and places only its own rows
       rollout, texts = prompt_shards.sample_local_prompts(
           self.sampler, self.dataset, self.data_position, c.prompts_per_update, key,
           state=self.policy_state())

@@ -62,7 +62,7 @@ from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
-from jax_ppo.parallel.distributed import is_main_process, require_mesh
+from jax_ppo.parallel.distributed import is_main_process, multi_process, require_mesh
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import (
@@ -295,7 +295,7 @@ class RewardModelTrainer(RunStage):
     they are on one process (the steps place them), else global arrays split on rows over
     `data` x `fsdp` into which this process puts only its own rows
     (`jax_ppo.parallel.host_rows.global_rows`)."""
-    if self.mesh is None or not host_rows.multi_process():
+    if self.mesh is None or not multi_process():
       return tree
     return host_rows.place_rows(tree, self.mesh)
 
