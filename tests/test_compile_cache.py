@@ -143,7 +143,7 @@ def test_a_second_run_in_a_fresh_process_loads_its_programs(tmp_path):
   first = train("run1")
   files = sorted(p.name for p in cache.iterdir())
   assert first["status"] == 0 and first["misses"] > 0 and first["hits"] == 0
-  assert any(name.startswith("jit__experience_update") for name in files), files
+  assert any(name.startswith("jit_experience_and_update") for name in files), files
   second = train("run2")
   assert second["status"] == 0
   assert second["misses"] == 0 and second["hits"] == first["misses"], (first, second)

@@ -78,7 +78,7 @@ def _where(fmt: str, index: int) -> str:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
   pytest.importorskip("tokenizers")
-  from tests.reward_model.test_trainer import word_tokenizer
+  from tests.reward_model.test_reward_trainer import word_tokenizer
 
   return word_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 

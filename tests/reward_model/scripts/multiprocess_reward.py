@@ -1,4 +1,5 @@
-"""One process of the multi-process `jax-ppo reward` test (tests/reward_model/test_multiprocess.py).
+"""One process of the multi-process `jax-ppo reward` test
+(tests/reward_model/test_reward_multiprocess.py).
 
 Usage:
   `multiprocess_reward.py ROOT NAME` (one process, all its devices), or
