@@ -1,6 +1,6 @@
 """Tests of jax_ppo.parallel.distributed in one process: the config's validation, when "auto"
 joins a job, the per-process key and that non-zero processes write no logs. The real two-process
-run is tests/parallel/test_multiprocess.py."""
+run is tests/diagnostics/test_scale_check_processes.py."""
 
 from __future__ import annotations
 

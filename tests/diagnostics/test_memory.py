@@ -3,7 +3,8 @@ of parameters and optimizer state about 8x against plain data parallelism (issue
 `experiments/benchmarks/sharding_memory.py` gives the figures for real model shapes)."""
 
 import pytest
-from multidevice import run_on_devices
+
+from tests.parallel.multidevice import run_on_devices
 
 
 @pytest.mark.slow
