@@ -65,7 +65,7 @@ def test_import_layers_hold():
   sys.path.insert(0, str(ROOT))  # the checkout's package, not another installed copy
   try:
     passed = importlinter.lint_imports(config_filename=str(ROOT / "pyproject.toml"),
-                                       cache_dir=None, no_logo=True)
+                                       cache_dir=None)
   finally:
     sys.path.remove(str(ROOT))
   assert passed, "an import contract is broken: see the report above (pyproject.toml)"
