@@ -25,6 +25,7 @@ from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.models import LoRAConfig, resize_token_embeddings
+from jax_ppo.parallel import distributed
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.training.loop import RunOptions
@@ -169,6 +170,17 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
   return summary, complete and not history.preempted
 
 
+def check_run_mesh(config_name: str, mesh: MeshConfig | None) -> None:
+  """Before any model loads: a run in a multi-process job needs a mesh over every process's
+  devices (alone, each process would train the whole model on its own). One clear error naming
+  `<config_name>.mesh` and the fix; nothing on one process."""
+  if mesh is None and distributed.multi_process():
+    raise ValueError(
+        f"{config_name}.mesh=None, but this is one of several processes of a multi-process job: "
+        "give a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or "
+        "mesh.fsdp=-1.")
+
+
 def load_stage_config(cls: type[T], argv: Sequence[str]) -> T:
   """A stage config (`SFTRunConfig`, `RewardRunConfig`) from at most one YAML/JSON file and
   `key=value` overrides (e.g. `["sft.yaml", "sft.learning_rate=1e-5"]`).
@@ -291,6 +303,7 @@ __all__ = [
     "STAGE_OPERATIONAL_FIELDS",
     "StageRunConfig",
     "check_model_folder",
+    "check_run_mesh",
     "check_records_file",
     "load_stage_config",
     "read_records",

@@ -49,7 +49,7 @@ from jax_ppo.rewards.specs import (
   reward_function,
   reward_source_names,
 )
-from jax_ppo.runs.common import DTYPES, grow_vocab
+from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
 
 logger = logging.getLogger("jax_ppo.run")
@@ -160,10 +160,7 @@ def build_trainer(
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
-  if config.mesh is None and multi_process():  # (before loading any model)
-    raise ValueError(
-        "RunConfig.mesh=None, but this is one of several processes of a multi-process job: give "
-        "a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or mesh.fsdp=-1.")
+  check_run_mesh("RunConfig", config.mesh)  # (before loading any model)
   p = config.placement
   if multi_process() and (p.split_roles or p.policy_devices is not None):
     raise ValueError(

@@ -50,7 +50,6 @@ from jax_ppo.models import (
   resize_token_embeddings,
 )
 from jax_ppo.parallel import host_rows
-from jax_ppo.parallel.distributed import multi_process
 from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.trainer import RewardModelTrainer
@@ -61,6 +60,7 @@ from jax_ppo.runs.common import (
   StageRunConfig,
   check_model_folder,
   check_records_file,
+  check_run_mesh,
   grow_vocab,
   load_stage_config,
   read_records,
@@ -210,11 +210,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   """Loads the model (a new score head on a causal-LM folder, or a reward model's own head),
   tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
   check_model_folder("RewardRunConfig.model_path", config.model_path)
-  if config.mesh is None and multi_process():  # (before loading any model)
-    raise ValueError(
-        "RewardRunConfig.mesh=None, but this is one of several processes of a multi-process job: "
-        "give a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or "
-        "mesh.fsdp=-1.")
+  check_run_mesh("RewardRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.reward
   need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses

@@ -36,23 +36,23 @@ from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
 from jax_ppo.models import (
-    add_lora,
-    check_vocab_covers,
-    from_pretrained,
-    load_config,
-    load_tokenizer,
+  add_lora,
+  check_vocab_covers,
+  from_pretrained,
+  load_config,
+  load_tokenizer,
 )
-from jax_ppo.parallel.distributed import multi_process
 from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.runs.common import (
-    DTYPES,
-    StageRunConfig,
-    check_model_folder,
-    check_records_file,
-    grow_vocab,
-    load_stage_config,
-    read_records,
-    train_stage,
+  DTYPES,
+  StageRunConfig,
+  check_model_folder,
+  check_records_file,
+  check_run_mesh,
+  grow_vocab,
+  load_stage_config,
+  read_records,
+  train_stage,
 )
 from jax_ppo.sft import SFTConfig, SFTTrainer
 
@@ -82,11 +82,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   from the run folder's latest checkpoint); with `config.mesh` the model is read straight into
   its shards on that mesh."""
   check_model_folder("SFTRunConfig.model_path", config.model_path)
-  if config.mesh is None and multi_process():  # (before loading anything)
-    raise ValueError(
-        "SFTRunConfig.mesh=None, but this is one of several processes of a multi-process job: "
-        "give a mesh over every process's devices, e.g. mesh.data=-1 (data parallel) or "
-        "mesh.fsdp=-1.")
+  check_run_mesh("SFTRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.sft
   need = ((c.messages_field, c.prompt_field), (c.messages_field, c.response_field))

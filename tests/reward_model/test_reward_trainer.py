@@ -374,7 +374,6 @@ def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
   with pytest.raises(ValueError, match=r"multi-process run trains on one device mesh .*mesh\.data"):
     RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                        train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
-  monkeypatch.setattr(reward_run, "multi_process", lambda: True)
   (tmp_path / "config.json").write_text("{}")  # (never read: the mesh is checked first)
   run = reward_run.RewardRunConfig(model_path=str(tmp_path), train_path="p.jsonl",
                                    run_dir=str(tmp_path / "run"))

@@ -418,7 +418,6 @@ def test_a_multi_process_job_without_a_mesh_is_one_clear_error(tmp_path, monkeyp
   with pytest.raises(ValueError, match=r"a multi-process run trains on one device mesh .*"
                                        r"SFTRunConfig\.mesh"):
     _trainer()
-  monkeypatch.setattr(sft_run, "multi_process", lambda: True)
   (tmp_path / "config.json").write_text("{}")
   config = sft_run.SFTRunConfig(model_path=str(tmp_path), train_path="t.jsonl",
                                 run_dir=str(tmp_path / "run"))
