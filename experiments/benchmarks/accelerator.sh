@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rollout, forward/backward and PPO-step benchmarks on one accelerator, each writing JSON with MFU
 # and HBM-bandwidth use against the card's datasheet peaks (experiments/benchmarks/device_peaks.py,
-# keyed by jax's device_kind). Budget: under 8 minutes on one H100/H200-class GPU.
+# keyed by jax's device_kind). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
 #
 #   experiments/benchmarks/accelerator.sh [OUT_DIR]            # default OUT_DIR: bench_out
 #   experiments/benchmarks/accelerator.sh --dry-run [OUT_DIR]  # tiny shapes on the CPU (smoke test)
@@ -23,44 +23,74 @@ mkdir -p "$OUT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 
+# Steps in order of importance; each is one benchmark invocation writing $OUT/<name>.json and
+# .log. The whole script stays inside BUDGET seconds (default 420): a step gets
+# min(STEP_TIMEOUT, what is left) and is skipped (rc 124, "skipped") when under 20 s are left.
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
   # Fill the MFU / HBM fields against the H200 row (meaningless numbers, but every code path runs).
   export BENCH_DEVICE_KIND="NVIDIA H200 (dry run on cpu)"
-  ROLLOUT=(--shape tiny --batch 2 --prompt-len 8 --new-tokens 4 --warmup 1 --reps 1 --no-hf)
-  FORWARD=(--shape tiny --batch 2 --seq 16 --reps 1 --matmul-size 256 --no-torch)
-  PPO=(--shape tiny --batch 2 --response-length 4 --warmup 0 --updates 1)
+  PPO_BF16=(--shape tiny --dtype bfloat16 --batch 2 --response-length 4 --warmup 0 --updates 1)
+  ROLLOUT_BF16=(--shape tiny --batch 2 --prompt-len 8 --new-tokens 4 --warmup 1 --reps 1 --no-hf
+                --dtype bfloat16 --param-dtype float32)
+  FORWARD=(--shape tiny --batch 2 --seq 16 --reps 1 --matmul-size 256 --no-torch
+           --dtype bfloat16)
+  ROLLOUT_BF16W=(--shape tiny --batch 2 --prompt-len 8 --new-tokens 4 --warmup 1 --reps 1 --no-hf
+                 --dtype bfloat16 --param-dtype bfloat16)
+  PPO_FP32=(--shape tiny --batch 2 --response-length 4 --warmup 0 --updates 1
+            --no-second-invocation)
 else
-  # GPT-2-small sampler at batch 64 (item 2's shape); fwd+bwd at GPT-2 small and Qwen3-0.6B in
-  # bfloat16 (cuDNN attention) at 8 x 1024 tokens; the PPO update at the 86M "base" shape.
-  ROLLOUT=(--shape gpt2-small --batch 64 --prompt-len 64 --new-tokens 128 --warmup 1 --reps 3
-           --no-hf)
+  # ppo_bf16: the PPO update (rollout / score / update split, MFU) at the 86M "base" shape in
+  # bfloat16 compute with float32 master weights, 64 rows of ~30 prompt + 128 response tokens.
+  PPO_BF16=(--shape base --dtype bfloat16 --batch 64 --response-length 128 --warmup 2
+            --updates 4 --train-layers scan)
+  # rollout_bf16: the sampler alone, GPT-2 small at batch 64, 64 + 128 tokens, bfloat16 compute
+  # reading float32 weights (what a PPO run samples from); rollout_bf16w: bfloat16 weights.
+  ROLLOUT_BF16=(--shape gpt2-small --batch 64 --prompt-len 64 --new-tokens 128 --warmup 1
+                --reps 3 --no-hf --dtype bfloat16 --param-dtype float32)
+  # forward: fwd+bwd at GPT-2 small and Qwen3-0.6B in bfloat16 at 8 x 1024 tokens.
   FORWARD=(--shape gpt2-small qwen3-0.6b --batch 8 --seq 1024 --reps 5 --matmul-size 8192
            --dtype bfloat16 --no-torch)
-  PPO=(--shape base --warmup 2 --updates 4 --train-layers scan)
+  ROLLOUT_BF16W=(--shape gpt2-small --batch 64 --prompt-len 64 --new-tokens 128 --warmup 1
+                 --reps 3 --no-hf --dtype bfloat16 --param-dtype bfloat16)
+  # ppo_fp32: the CPU reference workload (base shape, batch 8, 48 tokens, float32), whose CPU
+  # and TRL figures the README gives.
+  PPO_FP32=(--shape base --warmup 2 --updates 4 --train-layers scan --no-second-invocation)
 fi
+BUDGET=${BUDGET:-420}
 
 status=()
 run_step() {  # name, script, args...
   local name=$1 script=$2; shift 2
-  local start=$SECONDS
-  echo "== $name: $PY $script $* --json $OUT/$name.json" >&2
-  timeout "$STEP_TIMEOUT" "$PY" "$HERE/$script" "$@" --json "$OUT/$name.json" \
-    > "$OUT/$name.log" 2>&1
-  local rc=$?
+  local start=$SECONDS left=$((BUDGET - SECONDS)) rc
+  if [ "$left" -lt 20 ]; then
+    echo "== $name: skipped, ${left}s of the ${BUDGET}s budget left" >&2
+    status+=("\"$name\": {\"rc\": 124, \"seconds\": 0, \"skipped\": true}")
+    return
+  fi
+  local limit=$(( left < STEP_TIMEOUT ? left : STEP_TIMEOUT ))
+  echo "== $name (limit ${limit}s): $PY $script $* --json $OUT/$name.json" >&2
+  timeout "$limit" "$PY" "$HERE/$script" "$@" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  rc=$?
   tail -n 15 "$OUT/$name.log" >&2
   status+=("\"$name\": {\"rc\": $rc, \"seconds\": $((SECONDS - start))}")
 }
 
-run_step rollout rollout.py "${ROLLOUT[@]}"
+run_step ppo_bf16 ppo_step.py "${PPO_BF16[@]}"
+run_step rollout_bf16 rollout.py "${ROLLOUT_BF16[@]}"
 run_step forward forward.py "${FORWARD[@]}"
-run_step ppo_step ppo_step.py "${PPO[@]}"
+run_step rollout_bf16w rollout.py "${ROLLOUT_BF16W[@]}"
+run_step ppo_fp32 ppo_step.py "${PPO_FP32[@]}"
 
 device=$("$PY" -c "import jax; d = jax.devices()[0]; print(d.platform + ': ' + d.device_kind)" \
          2>/dev/null || echo unknown)
+versions=$("$PY" -c "import jax, flax; print(f'jax {jax.__version__}, flax {flax.__version__}')" \
+           2>/dev/null || echo unknown)
+cpu=$(grep -m1 "model name" /proc/cpuinfo 2>/dev/null | cut -d: -f2 | xargs)
 joined=$(IFS=,; echo "${status[*]}")
-printf '{"device": "%s", "dry_run": %s, "steps": {%s}}\n' "$device" \
-  "$([ "$DRY" = 1 ] && echo true || echo false)" "$joined" > "$OUT/summary.json"
+printf '{"device": "%s", "host_cpu": "%s", "versions": "%s", "dry_run": %s, "steps": {%s}}\n' \
+  "$device" "$cpu" "$versions" "$([ "$DRY" = 1 ] && echo true || echo false)" "$joined" \
+  > "$OUT/summary.json"
 cat "$OUT/summary.json"
 # Fail when any step failed, so that a caller notices.
 ! grep -q '"rc": [1-9]' "$OUT/summary.json"

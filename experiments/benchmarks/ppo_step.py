@@ -112,6 +112,8 @@ def build_models_elsewhere(shape_name: str, folder: str, python: str) -> dict[st
 
 
 def run_jax(args, shape: dict) -> dict:
+  import jax.numpy as jnp
+
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
   from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
@@ -119,9 +121,14 @@ def run_jax(args, shape: dict) -> dict:
 
   with tempfile.TemporaryDirectory() as tmp:
     paths = build_models_elsewhere(args.shape, tmp, args.model_python or sys.executable)
-    policy = models.from_pretrained(paths["policy"], remat=args.remat)
-    reward = models.load_scalar_model(paths["reward"])
-    value = models.load_scalar_model(paths["value"], remat=args.remat)
+    # Compute in `--dtype`; weights, gradients and optimizer state stay float32 (master
+    # weights), as `RunConfig.dtype` loads them.
+    dtype = jnp.dtype(args.dtype)
+    policy = models.from_pretrained(paths["policy"], remat=args.remat, dtype=dtype,
+                                    param_dtype=jnp.float32)
+    reward = models.load_scalar_model(paths["reward"], dtype=dtype, param_dtype=jnp.float32)
+    value = models.load_scalar_model(paths["value"], remat=args.remat, dtype=dtype,
+                                     param_dtype=jnp.float32)
   vocab = shape["vocab_size"]
   prompts = make_prompts(vocab)
   total = args.warmup + args.updates
@@ -204,7 +211,8 @@ def run_second_invocation(args, cache_dir: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--shape", args.shape, "--batch",
            str(args.batch), "--response-length", str(args.response_length), "--train-layers",
            args.train_layers, "--rollout-layers", args.rollout_layers, "--remat", args.remat,
-           "--compile-cache", cache_dir, "--first-update-only", "--json", out]
+           "--dtype", args.dtype, "--compile-cache", cache_dir, "--first-update-only",
+           "--json", out]
     if args.model_python:
       cmd += ["--model-python", args.model_python]
     print("second invocation:", " ".join(cmd), flush=True)
@@ -227,6 +235,10 @@ def main(argv=None) -> dict:
   ap.add_argument("--remat", default=None,
                   help="per-layer remat of the policy and value model (default: the library's, "
                        "jax_ppo.models.DEFAULT_REMAT)")
+  ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                  help="compute dtype of every model (RunConfig.dtype); weights, gradients and "
+                       "optimizer state stay float32. MFU is taken against the datasheet peak "
+                       "of this dtype on an accelerator")
   ap.add_argument("--model-python", default=None,
                   help="python that builds the random HF models (needs torch + transformers); "
                        "default: --trl-python, else this python. A subprocess either way, so "
@@ -288,7 +300,7 @@ def main(argv=None) -> dict:
 
   r = results["jax_ppo"]
   r["accelerator"] = device_peaks.utilisation(
-      jax.devices()[0].device_kind, dtype="float32",
+      jax.devices()[0].device_kind, dtype=args.dtype,
       flops_per_s=r["mfu"] * r["matmul_peak_gflops"] * 1e9)
   trl = run_trl(args)
   if trl is not None:
@@ -296,13 +308,13 @@ def main(argv=None) -> dict:
     results["jax_ppo_over_trl_time"] = results["jax_ppo"]["s_per_update"] / trl["s_per_update"]
   results["config"] = dict(
       shape=args.shape, **shape, batch=args.batch, prompt_len="28-32",
-      response_length=args.response_length, ppo_epochs=4, num_minibatches=1, dtype="float32",
+      response_length=args.response_length, ppo_epochs=4, num_minibatches=1, dtype=args.dtype,
       warmup=args.warmup, updates=args.updates, train_layers=args.train_layers,
       rollout_layers=args.rollout_layers, remat=args.remat, compile_cache=args.compile_cache,
       backend=jax.default_backend(), jax=jax.__version__,
   )
   print(f"\nPPO update benchmark ({args.shape}, batch {args.batch}, {args.response_length} "
-        f"response tokens, 4 epochs, {jax.default_backend()})")
+        f"response tokens, 4 epochs, {args.dtype}, {jax.default_backend()})")
   print(f"{'impl':<8} {'s/update':>9} {'rollout':>9} {'score':>9} {'update':>9} "
         f"{'1st upd':>9} {'1st (2nd run)':>14} {'peak RSS':>10} {'(2nd run)':>10}")
   for name in ("jax_ppo", "trl"):
@@ -323,6 +335,10 @@ def main(argv=None) -> dict:
     print(f"jax_ppo time / TRL time: {results['jax_ppo_over_trl_time']:.2f}")
   print(f"jax_ppo MFU: {results['jax_ppo']['mfu']:.3f} of a "
         f"{results['jax_ppo']['matmul_peak_gflops']:.0f} GFLOP/s matmul peak")
+  acc = results["jax_ppo"]["accelerator"]
+  if acc["mfu"] is not None:
+    print(f"jax_ppo MFU: {acc['mfu']:.4f} of the {acc['peak_table_key']} datasheet {args.dtype} "
+          f"peak ({acc['peak_flops'] / 1e12:.0f} TFLOP/s)")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -80,7 +80,8 @@ def _read_bandwidth(nbytes: int, reps: int = 20) -> float:
   return nbytes / best
 
 
-def _decode_bytes_per_step(model_config, *, params_bytes: int, batch: int, cache_len: int) -> int:
+def _decode_bytes_per_step(model_config, *, params_bytes: int, batch: int, cache_len: int,
+                           cache_itemsize: int = 4) -> int:
   """Bytes one decode step must read at least: every weight once plus the whole KV cache.
 
   At batch 8 a decode step does 16 flops per 4-byte fp32 weight, so on a CPU it is bound by
@@ -88,7 +89,8 @@ def _decode_bytes_per_step(model_config, *, params_bytes: int, batch: int, cache
   """
   from jax_ppo.rollout.sampler import kv_cache_bytes
 
-  return params_bytes + kv_cache_bytes(model_config, batch_size=batch, max_length=cache_len)
+  return params_bytes + kv_cache_bytes(model_config, batch_size=batch, max_length=cache_len,
+                                       itemsize=cache_itemsize)
 
 
 def main(argv=None) -> dict:
@@ -99,6 +101,12 @@ def main(argv=None) -> dict:
   ap.add_argument("--new-tokens", type=int, default=48)
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--reps", type=int, default=10)
+  ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                  help="compute dtype of the sampler (and of its KV cache)")
+  ap.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                  help="dtype the weights are stored in: float32 is what a PPO run samples "
+                       "from (its master weights); bfloat16 halves the weight bytes each decode "
+                       "step reads")
   ap.add_argument("--json", default=None, help="write the results here")
   ap.add_argument("--no-hf", action="store_true",
                   help="skip the Hugging Face generate reference (e.g. on an accelerator)")
@@ -106,6 +114,7 @@ def main(argv=None) -> dict:
 
   import device_peaks
   import jax
+  import jax.numpy as jnp
   import numpy as np
   import torch
   import transformers
@@ -124,7 +133,8 @@ def main(argv=None) -> dict:
     hf_config = transformers.GPT2Config(**shape, pad_token_id=shape["vocab_size"] - 1)
     hf = transformers.GPT2LMHeadModel(hf_config).eval()
     hf.save_pretrained(tmp)
-    model = models.from_pretrained(tmp)
+    model = models.from_pretrained(tmp, dtype=jnp.dtype(args.dtype),
+                                   param_dtype=jnp.dtype(args.param_dtype))
 
     sampling = SamplingConfig(
         max_new_tokens=args.new_tokens, temperature=0.7, top_k=0, top_p=1.0,
@@ -168,6 +178,7 @@ def main(argv=None) -> dict:
   step_bytes = _decode_bytes_per_step(
       model.config, params_bytes=param_bytes(sampler.state), batch=args.batch,
       cache_len=args.prompt_len + args.new_tokens - 1,
+      cache_itemsize=jnp.dtype(args.dtype).itemsize,
   )
   bandwidth = _read_bandwidth(step_bytes)
   floor_ms = 1000 * step_bytes / bandwidth
@@ -183,7 +194,7 @@ def main(argv=None) -> dict:
   # token over prompt and response, and the weights + KV cache read once per decode step.
   gen_s = results["jax_ppo"]["median_s_per_generate"]
   results["jax_ppo"]["accelerator"] = device_peaks.utilisation(
-      jax.devices()[0].device_kind, dtype="float32",
+      jax.devices()[0].device_kind, dtype=args.dtype,
       flops_per_s=2 * count_params(sampler.state) * args.batch
       * (args.prompt_len + args.new_tokens) / gen_s,
       bytes_per_s=step_bytes * args.new_tokens / gen_s,
@@ -193,13 +204,15 @@ def main(argv=None) -> dict:
       **results,
       "config": dict(
           shape=args.shape, **shape, batch=args.batch, prompt_len=args.prompt_len,
-          new_tokens=args.new_tokens, warmup=args.warmup, reps=args.reps,
+          new_tokens=args.new_tokens, warmup=args.warmup, reps=args.reps, dtype=args.dtype,
+          param_dtype=args.param_dtype,
           sampling="temperature=0.7, top_k=0, top_p=1.0, no stop token",
           backend=jax.default_backend(), jax=jax.__version__,
       ),
   }
   print(f"\nRollout benchmark ({args.shape}, batch {args.batch}, prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens, {jax.default_backend()})")
+        f"{args.new_tokens} new tokens, {args.dtype} compute, {args.param_dtype} weights, "
+        f"{jax.default_backend()})")
   print(f"{'impl':<10} {'ms/step':>10} {'tokens/s':>12} {'s/generate':>12}")
   for name in ("jax_ppo", "hf"):
     if name in results:
@@ -214,6 +227,10 @@ def main(argv=None) -> dict:
         f"ms/step; jax_ppo is at {mf['jax_ppo_over_floor']:.2f}x the floor"
         + (f"; the most any implementation can gain over hf here is "
            f"{mf['max_speedup_over_hf']:.1f}x" if "max_speedup_over_hf" in mf else ""))
+  acc = results["jax_ppo"]["accelerator"]
+  if acc["mfu"] is not None:
+    print(f"jax_ppo on {acc['peak_table_key']}: {acc['hbm_bandwidth_use']:.3f} of the datasheet "
+          f"HBM bandwidth ({acc['peak_hbm_bytes_s'] / 1e12:.2f} TB/s), MFU {acc['mfu']:.4f}")
   print(f"peak RSS of this process (both implementations): "
         f"{results['peak_rss_mib'] / 1024:.2f} GiB")
   if args.json:
