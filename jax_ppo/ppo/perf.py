@@ -1,11 +1,23 @@
-"""Throughput accounting: the machine's matmul peak and model-FLOP estimates for MFU."""
+"""Throughput accounting: the job's matmul peak and model-FLOP estimates for MFU.
+
+`mfu = model FLOPs of an update / its wall time / job_peak_flops(...)`: on accelerators the
+peak is the datasheet's per-chip rate for the compute dtype (`jax_ppo.parallel.chips`) times
+the number of chips in the job, since the update's FLOPs are the whole job's; on a CPU (no
+datasheet) it is a measured matmul rate of each host times the number of hosts.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+
+from jax_ppo.parallel.chips import chip_spec
+
+logger = logging.getLogger(__name__)
 
 
 def measure_matmul_peak(size: int = 1024, reps: int = 5, dtype=jnp.float32) -> float:
@@ -20,6 +32,30 @@ def measure_matmul_peak(size: int = 1024, reps: int = 5, dtype=jnp.float32) -> f
     times.append(time.perf_counter() - t0)
   times.sort()
   return 2.0 * size**3 / times[len(times) // 2]
+
+
+def job_peak_flops(dtype=jnp.float32, devices: Sequence[jax.Device] | None = None) -> float:
+  """Peak matmul FLOP/s of the whole job, the denominator of MFU.
+
+  Args:
+    dtype: the compute dtype (bfloat16 / float16 pick the chips' bf16 rate, else fp32).
+    devices: the job's devices (default: `jax.devices()`, every process's).
+
+  Returns:
+    `chip.peak_flops(dtype) * len(devices)` when the devices are a chip of
+    `jax_ppo.parallel.chips.CHIPS`; otherwise (a CPU, an unknown chip) this host's measured
+    `measure_matmul_peak(dtype=dtype)` times the number of processes: fake CPU devices of one
+    host share its cores, so they are not counted one by one.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  spec = chip_spec(devices[0].device_kind)
+  if spec is not None:
+    return spec.peak_flops(dtype) * len(devices)
+  if devices[0].platform != "cpu":
+    logger.warning("No datasheet peak for device kind %r (jax_ppo.parallel.chips.CHIPS); the "
+                   "mfu metric uses a measured matmul rate instead.", devices[0].device_kind)
+  hosts = len({d.process_index for d in devices})
+  return measure_matmul_peak(dtype=dtype) * hosts
 
 
 def count_params(state) -> int:

@@ -132,7 +132,9 @@ class PPOTrainer(RunStage):
     value_model: a separate critic (`ScalarModel`, e.g. `value_model_from_reward_model(rm)`);
       without one, "gae" puts a zero-initialised value head on the policy trunk.
     memory_budget_bytes: rollout micro-batching budget (see `Sampler`).
-    peak_flops: matmul peak for the `mfu` metric; measured at start-up when None.
+    peak_flops: the whole job's matmul peak (FLOP/s) for the `mfu` metric; None: the
+      datasheet per-chip peak for the policy's compute dtype times the job's chips, or a
+      measured rate on a CPU (`perf.job_peak_flops`), taken when training starts.
     run_dir: run folder for logs, checkpoints and `config.yaml`; when it holds checkpoints the
       latest is restored (see the module docstring). None: no bookkeeping.
     run_options: logging, checkpointing and rollback settings (`RunOptions`).
@@ -242,6 +244,7 @@ class PPOTrainer(RunStage):
     self._replay_rng = np.random.default_rng(c.seed + 2)
     self.data_position = 0
     self.peak_flops = peak_flops
+    self.compute_dtype = policy.dtype
     self._param_counts = (
         perf.count_params(policy_params) + perf.count_params(policy_rest),
         perf.count_params(value_params) if value_params is not None else 0,
@@ -458,7 +461,7 @@ class PPOTrainer(RunStage):
     go back, so the list can be longer than `num_updates`).
     """
     if self.peak_flops is None:
-      self.peak_flops = perf.measure_matmul_peak()
+      self.peak_flops = perf.job_peak_flops(self.compute_dtype)
     total = self.config.total_updates
     target = total if num_updates is None else min(total, self.step_count + num_updates)
     history = self.run.train(target, callback=callback)

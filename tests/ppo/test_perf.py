@@ -67,3 +67,27 @@ def test_measure_matmul_peak_is_flops_over_the_median_time(monkeypatch):
 def test_measure_matmul_peak_on_this_device():
   peak = perf.measure_matmul_peak(size=128, reps=3)
   assert math.isfinite(peak) and peak > 1e6  # any CPU does more than a MFLOP/s
+
+
+def _device(kind: str, platform: str = "gpu", process_index: int = 0):
+  return types.SimpleNamespace(device_kind=kind, platform=platform, process_index=process_index)
+
+
+def test_job_peak_is_the_datasheet_peak_per_chip_times_the_chips():
+  # An update's FLOPs are the whole job's, so the peak is one chip's times the chips: 8 H100s in
+  # bf16 and 4 v5e chips (bf16, and float32 at a third of it).
+  h100 = [_device("NVIDIA H100 80GB HBM3")] * 8
+  assert perf.job_peak_flops(jnp.bfloat16, h100) == pytest.approx(8 * 989e12)
+  assert perf.job_peak_flops(jnp.float32, h100) == pytest.approx(8 * 494.7e12)
+  v5e = [_device("TPU v5 lite", "tpu")] * 4
+  assert perf.job_peak_flops(jnp.bfloat16, v5e) == pytest.approx(4 * 197e12)
+  assert perf.job_peak_flops(jnp.float32, v5e) == pytest.approx(4 * 197e12 / 3)
+
+
+def test_job_peak_on_cpu_is_the_measured_rate_per_host(monkeypatch):
+  # 8 fake CPU devices of one host share its cores: one measured rate; two hosts: twice it.
+  monkeypatch.setattr(perf, "measure_matmul_peak", lambda dtype=jnp.float32: 100e9)
+  one_host = [_device("cpu", "cpu")] * 8
+  assert perf.job_peak_flops(jnp.float32, one_host) == pytest.approx(100e9)
+  two_hosts = [_device("cpu", "cpu", i // 4) for i in range(8)]
+  assert perf.job_peak_flops(jnp.float32, two_hosts) == pytest.approx(200e9)
