@@ -62,7 +62,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHAPES = {
     "tiny": dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=2048),
     "base": dict(n_layer=12, n_head=12, n_embd=768, n_positions=256, vocab_size=2048),
+    # Qwen3-0.6B: 28 layers, width 1024, 16 query / 8 KV heads of 128, MLP 3072, tied embedding
+    # of 151,936 tokens (the reward and value models are Qwen3ForSequenceClassification).
+    "qwen3-0.6b": dict(model_type="qwen3", num_hidden_layers=28, hidden_size=1024,
+                       intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, vocab_size=151936, max_position_embeddings=4096,
+                       tie_word_embeddings=True),
+    # The same family at a smoke-test size.
+    "qwen3-tiny": dict(model_type="qwen3", num_hidden_layers=2, hidden_size=128,
+                       intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=32, vocab_size=2048, max_position_embeddings=512,
+                       tie_word_embeddings=True),
 }
+"""Model shapes: keyword arguments of the family's Hugging Face config (`model_type`, default
+"gpt2", picks the family)."""
 LAYER_LOOPS = {"scan": True, "unroll": False}
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TRL_BENCH = os.path.join(HERE, "trl_ppo_step.py")
@@ -83,17 +96,25 @@ def build_models(shape: dict, folder: str) -> dict[str, str]:
   import transformers
 
   torch.manual_seed(0)
+  shape = dict(shape)
+  family = shape.pop("model_type", "gpt2")
+  config_cls, lm_cls, seq_cls = {
+      "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel,
+               transformers.GPT2ForSequenceClassification),
+      "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+                transformers.Qwen3ForSequenceClassification),
+  }[family]
   pad = shape["vocab_size"] - 1
   eos = shape["vocab_size"] - 2
-  cfg = transformers.GPT2Config(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
+  cfg = config_cls(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
   paths = {}
   paths["policy"] = os.path.join(folder, "policy")
-  transformers.GPT2LMHeadModel(cfg).save_pretrained(paths["policy"])
+  lm_cls(cfg).save_pretrained(paths["policy"])
   for name in ("reward", "value"):
     paths[name] = os.path.join(folder, name)
-    seq_cfg = transformers.GPT2Config(**shape, num_labels=1, bos_token_id=eos, eos_token_id=eos,
-                                      pad_token_id=pad)
-    transformers.GPT2ForSequenceClassification(seq_cfg).save_pretrained(paths[name])
+    seq_cfg = config_cls(**shape, num_labels=1, bos_token_id=eos, eos_token_id=eos,
+                         pad_token_id=pad)
+    seq_cls(seq_cfg).save_pretrained(paths[name])
   return paths
 
 
