@@ -68,8 +68,9 @@ Checkpoints and log-probs
 parameters and builds the one read plan (which file, tensor and columns fill each parameter),
 `hf.load` fills it on the host or, with `mesh=...`, straight into each device's shards, `hf.save`
 writes safetensors files and the HF config. `jax_ppo.models.logprobs` scores response tokens
-under the LM head (`head_logprobs`, chunked over `T` above `LOGITS_CHUNK_BYTES` of float32 logits;
-`teacher_forced_logprobs(model, rollout, temperature=...)` for a prompt + response batch).
+under the LM head (`head_logprobs`, chunked over `T` above `LOGITS_CHUNK_BYTES` of float32 logits);
+the teacher-forced pass over a prompt + response batch that calls it is
+`jax_ppo.ppo.forward.response_logprobs`.
 
 Heads
 -----
@@ -128,14 +129,7 @@ from jax_ppo.models.errors import (
 from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_reward_model
 from jax_ppo.models.hf import from_pretrained, load_config, load_scalar_model, save_pretrained
 from jax_ppo.models.layers import ScalarHead
-from jax_ppo.models.logprobs import (
-    LOGITS_CHUNK_BYTES,
-    ResponseBatch,
-    head_logprobs,
-    logits_chunk,
-    response_logits,
-    teacher_forced_logprobs,
-)
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs, logits_chunk
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings
 from jax_ppo.models.tokenizer import (
@@ -173,7 +167,6 @@ __all__ = [
     "ModelError",
     "ModelFileError",
     "PadTokenError",
-    "ResponseBatch",
     "RopeScaling",
     "ScalarHead",
     "ScalarModel",
@@ -199,10 +192,8 @@ __all__ = [
     "prefill",
     "read_last_valid",
     "resize_token_embeddings",
-    "response_logits",
     "save_pretrained",
     "set_remat",
     "split_lora",
-    "teacher_forced_logprobs",
     "value_model_from_reward_model",
 ]

@@ -8,45 +8,18 @@ path at small vocabularies); above it, `jax_ppo.core.chunked_logprobs` projects 
 (at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 55 steps
 256 MiB). Same numbers either way (tests/models/test_logprobs.py).
 
-`teacher_forced_logprobs` recomputes the log-probs of sampled responses with one forward pass over
-prompt + response (the PPO step's old, reference and new log-probs); `response_logits` returns
-that pass's full logits. Both take any `ResponseBatch`, e.g. the sampler's `Rollout`.
+The teacher-forced pass over prompt + response that scores a rollout's responses (old,
+reference, new and evaluation log-probs) is `jax_ppo.ppo.forward.response_logprobs`, which
+calls `head_logprobs`; SFT's loss calls it too (`jax_ppo.sft.steps`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import jax
-import jax.numpy as jnp
 
 from jax_ppo import core
 
 Array = jax.Array
-
-
-class ResponseBatch(Protocol):
-  """Prompts and responses scored by a teacher-forced pass (`jax_ppo.rollout.sampler.Rollout`).
-
-  Attributes:
-    prompt_ids: `[B, S]` int left-padded prompt ids.
-    response_ids: `[B, T]` int response ids.
-    response_mask: `[B, T]` bool, True on valid response tokens.
-    positions: `[B, S + T]` int position ids of prompt + response.
-    sequence_ids: `[B, S + T]` prompt followed by response.
-    attention_mask: `[B, S + T]`, 1 on prompt and valid response tokens.
-  """
-
-  prompt_ids: Array
-  response_ids: Array
-  response_mask: Array
-  positions: Array
-
-  @property
-  def sequence_ids(self) -> Array: ...
-
-  @property
-  def attention_mask(self) -> Array: ...
 
 
 LOGITS_CHUNK_BYTES = 256 * 2**20
@@ -104,44 +77,3 @@ def head_logprobs(
     return logprobs, None
   src = logits if entropy == "grad" else jax.lax.stop_gradient(logits)
   return logprobs, core.entropy_from_logits(src, temperature)
-
-
-def response_logits(model, rollout: ResponseBatch, *, use_lora: bool = True) -> Array:
-  """Teacher-forced logits `[B, T, V]` that score each response token of `rollout`.
-
-  One forward pass over prompt + response with the rollout's attention mask and positions;
-  position `S + t - 1` predicts response token `t`.
-  """
-  s = rollout.prompt_ids.shape[1]
-  t = rollout.response_ids.shape[1]
-  logits = model(
-      rollout.sequence_ids,
-      rollout.attention_mask,
-      positions=rollout.positions,
-      use_lora=use_lora,
-  )
-  return logits[:, s - 1 : s + t - 1]
-
-
-def teacher_forced_logprobs(
-    model, rollout: ResponseBatch, *, temperature: float | Array, use_lora: bool = True
-) -> Array:
-  """Log-probs `[B, T]` float32 of the response tokens recomputed by a full forward pass.
-
-  The quantity the PPO step computes for old, reference (`use_lora=False` for a LoRA policy) and
-  new log-probs (docs/rlhf_details.md item 4); 0 on padding, like `Rollout.logprobs`. Same
-  numbers as `gather_logprobs` on `response_logits`, chunked over `T` above
-  `LOGITS_CHUNK_BYTES` of logits.
-  """
-  s = rollout.prompt_ids.shape[1]
-  t = rollout.response_ids.shape[1]
-  h = model.hidden_states(
-      rollout.sequence_ids, rollout.attention_mask, positions=rollout.positions,
-      use_lora=use_lora,
-  )
-  # Large vocabularies go chunk by chunk over T, never holding [B, T, V] float32 logits.
-  logprobs, _ = head_logprobs(
-      model, h[:, s - 1 : s + t - 1], rollout.response_ids, temperature,
-      chunk_bytes=LOGITS_CHUNK_BYTES,
-  )
-  return jnp.where(rollout.response_mask, logprobs, 0.0)

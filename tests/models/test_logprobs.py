@@ -1,24 +1,16 @@
-"""The chunked log-prob path (`jax_ppo.models.logprobs`) gives the numbers of the unchunked path,
-in `head_logprobs` (with gradients) and in the teacher-forced pass over prompt + response."""
+"""The chunked log-prob path (`jax_ppo.models.logprobs.head_logprobs`) gives the numbers of the
+unchunked path, with gradients (the teacher-forced pass over prompt + response that calls it:
+tests/ppo/test_forward.py)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_ppo import core, models
-from jax_ppo.models import logprobs
-from jax_ppo.models.logprobs import (
-    LOGITS_CHUNK_BYTES,
-    head_logprobs,
-    logits_chunk,
-    response_logits,
-    teacher_forced_logprobs,
-)
+from jax_ppo import models
+from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs, logits_chunk
 from tests.models.conftest import hf_config
 
 
@@ -31,36 +23,6 @@ def _close(got, want, what, rtol=1e-5, atol=1e-6):
 def _model():
   config = models.config.config_from_hf(hf_config("llama2"))
   return models.CausalLM(config, remat="none", rngs=nnx.Rngs(0))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Batch:
-  """A `ResponseBatch` that is not the sampler's `Rollout` (models never imports rollout)."""
-
-  prompt_ids: jax.Array
-  prompt_mask: jax.Array
-  response_ids: jax.Array
-  response_mask: jax.Array
-
-  @property
-  def sequence_ids(self):
-    return jnp.concatenate([self.prompt_ids, self.response_ids], axis=1)
-
-  @property
-  def attention_mask(self):
-    return jnp.concatenate([self.prompt_mask, self.response_mask.astype(jnp.int32)], axis=1)
-
-  @property
-  def positions(self):
-    return core.position_ids_from_mask(self.attention_mask)
-
-
-def _batch(vocab):
-  k1, k2 = jax.random.split(jax.random.PRNGKey(1))
-  prompt_mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], jnp.int32)  # left padding
-  response_mask = jnp.array([[1, 1, 1, 1], [1, 1, 0, 0]], bool)  # a row that stopped early
-  return _Batch(jax.random.randint(k1, (2, 5), 3, vocab), prompt_mask,
-                jax.random.randint(k2, (2, 4), 3, vocab), response_mask)
 
 
 def test_logits_chunk_rule():
@@ -91,18 +53,3 @@ def test_head_logprobs_chunked_equals_whole_with_gradients():
   (_, got), got_g = run(params, 4 * one_step)
   _close(got, want, "log-probs and entropies", rtol=1e-6)
   _close(got_g, want_g, "gradients")
-
-
-def test_teacher_forced_logprobs_chunked_and_whole(monkeypatch):
-  model = _model()
-  batch = _batch(model.config.vocab_size)
-  want = teacher_forced_logprobs(model, batch, temperature=0.7)
-  # The unchunked numbers are gather_logprobs on the full response logits, 0 on padding.
-  logits = response_logits(model, batch)
-  reference = jnp.where(batch.response_mask,
-                        core.gather_logprobs(logits, batch.response_ids, 0.7), 0.0)
-  _close(want, reference, "teacher-forced log-probs")
-  assert float(jnp.abs(want[1, 2:]).max()) == 0.0
-  monkeypatch.setattr(logprobs, "LOGITS_CHUNK_BYTES", 2 * 2 * model.config.vocab_size * 4)
-  got = teacher_forced_logprobs(model, batch, temperature=0.7)
-  _close(got, want, "chunked teacher-forced log-probs", rtol=1e-6)

@@ -76,3 +76,25 @@ def test_response_logprobs_chunked_equals_whole_and_values_come_from_the_same_pa
   b, t = rollout.response_ids.shape
   assert whole.values.shape == whole.entropy.shape == whole.logprobs.shape == (b, t)
   assert response_logprobs(model, seq, temperature=0.7).entropy is None
+
+
+def test_masked_logprobs_equal_a_full_forward_pass_and_its_logits():
+  # The reference: the model's full logits over prompt + response (left-padded prompts, a row
+  # that stopped early), the positions S - 1 ... S + T - 2 that predict the response tokens,
+  # `gather_logprobs` at the temperature, 0 on padding; whole and chunked.
+  from jax_ppo import core
+
+  model = CausalLM(MODEL, rngs=nnx.Rngs(0))
+  trainer = _trainer(False)
+  prompt_ids, _ = trainer.dataset.batch(0, trainer.config.prompts_per_update)
+  rollout = trainer.sampler(prompt_ids, jax.random.PRNGKey(2), state=trainer.policy_state())
+  seq = batch_view(rollout)
+  mask = np.asarray(seq.response_mask)
+  assert mask.any() and not mask.all() and not np.asarray(rollout.prompt_mask).all()
+  s, t = rollout.prompt_ids.shape[1], rollout.response_ids.shape[1]
+  logits = model(rollout.sequence_ids, rollout.attention_mask, positions=rollout.positions)
+  want = np.where(mask, core.gather_logprobs(logits[:, s - 1:s + t - 1], seq.response_ids, 0.7),
+                  0.0)
+  for chunk_bytes in (None, 2 * 8 * MODEL.vocab_size * 4):
+    got = masked_logprobs(model, seq, temperature=0.7, chunk_bytes=chunk_bytes)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)

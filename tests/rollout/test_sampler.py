@@ -10,15 +10,16 @@ from flax import nnx
 
 from jax_ppo.core import response_mask_from_stop_tokens
 from jax_ppo.models.config import ModelConfig
-from jax_ppo.models.logprobs import teacher_forced_logprobs
 from jax_ppo.models.transformer import CausalLM
+from jax_ppo.ppo.batch import batch_view
+from jax_ppo.ppo.forward import masked_logprobs
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import (
-    Sampler,
-    choose_micro_batch,
-    estimate_generation_bytes,
-    kv_cache_bytes,
-    param_bytes,
+  Sampler,
+  choose_micro_batch,
+  estimate_generation_bytes,
+  kv_cache_bytes,
+  param_bytes,
 )
 
 STOP = 3
@@ -60,7 +61,7 @@ def test_logprobs_match_teacher_forced_forward(config):
   sampler = Sampler(model, _config(n_samples=3, top_k=20, top_p=0.9))
   rollout = sampler(PROMPTS, jax.random.PRNGKey(1))
   assert rollout.response_ids.shape == (12, 10)
-  recomputed = teacher_forced_logprobs(model, rollout, temperature=0.7)
+  recomputed = masked_logprobs(model, batch_view(rollout), temperature=0.7)
   np.testing.assert_allclose(rollout.logprobs, recomputed, atol=1e-5, rtol=0)
   assert rollout.logprobs.dtype == jnp.float32
 
@@ -68,7 +69,7 @@ def test_logprobs_match_teacher_forced_forward(config):
 def test_bf16_logprobs_within_documented_tolerance():
   model = _model(LLAMA, dtype=jnp.bfloat16)
   rollout = Sampler(model, _config())(PROMPTS, jax.random.PRNGKey(2))
-  recomputed = teacher_forced_logprobs(model, rollout, temperature=0.7)
+  recomputed = masked_logprobs(model, batch_view(rollout), temperature=0.7)
   # bf16 activations and cache: the decode path and the full forward round differently. The
   # documented tolerance (README, rollout section) is 0.1 nats per token on tiny models; PPO
   # recomputes old log-probs with a teacher-forced pass in that case (docs/rlhf_details.md item 4).

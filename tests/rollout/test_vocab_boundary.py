@@ -107,15 +107,17 @@ def test_pad_id_inside_prompt_text_is_a_real_token(model):
 
 
 def test_eager_calls_check_ids_and_jitted_calls_stay_unchecked(model):
-  from jax_ppo.models.logprobs import teacher_forced_logprobs
+  from jax_ppo.ppo.batch import batch_view
+  from jax_ppo.ppo.forward import masked_logprobs
 
   with pytest.raises(VocabularyError, match=rf"input_ids has token id {V} at position \(0, 1\)"):
     model(np.array([[5, V, 6]]))
   rollout = Sampler(model, _sampling())([[5, 6]], jax.random.PRNGKey(0))
   bad = rollout.replace(response_ids=rollout.response_ids.at[0, 0].set(V + 3))
   with pytest.raises(VocabularyError, match=f"token id {V + 3}"):
-    teacher_forced_logprobs(model, bad, temperature=1.0)
+    masked_logprobs(model, batch_view(bad), temperature=1.0)
   # Under jit the ids are traced: no host check in the hot path (the Sampler checked them).
   graphdef, state = nnx.split(model)
-  run = jax.jit(lambda s, r: teacher_forced_logprobs(nnx.merge(graphdef, s), r, temperature=1.0))
+  run = jax.jit(lambda s, r: masked_logprobs(nnx.merge(graphdef, s), batch_view(r),
+                                               temperature=1.0))
   assert np.isfinite(np.asarray(run(state, rollout))).all()
