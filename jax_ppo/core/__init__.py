@@ -13,6 +13,11 @@ from jax_ppo.core.advantages import (
     reinforce_plus_plus_advantages,
     rloo_advantages,
 )
+from jax_ppo.core.importance import (
+    CORRECTION_LEVELS,
+    CORRECTION_MODES,
+    rollout_correction_weights,
+)
 from jax_ppo.core.kl import (
     KL_ESTIMATORS,
     KLController,
@@ -23,13 +28,21 @@ from jax_ppo.core.kl import (
     multiplicative_kl_controller,
 )
 from jax_ppo.core.logprobs import chunked_logprobs, entropy_from_logits, gather_logprobs
-from jax_ppo.core.losses import aggregate_loss, entropy_bonus, ppo_policy_loss, ppo_value_loss
+from jax_ppo.core.losses import (
+    aggregate_loss,
+    cispo_policy_loss,
+    entropy_bonus,
+    gspo_policy_loss,
+    ppo_policy_loss,
+    ppo_value_loss,
+)
 from jax_ppo.core.masks import (
     position_ids_from_mask,
     response_mask_from_stop_tokens,
     truncate_after_stop,
 )
-from jax_ppo.core.rewards import last_valid_index, shape_rewards
+from jax_ppo.core.preference import DPO_LOSS_TYPES, dpo_loss
+from jax_ppo.core.rewards import last_valid_index, overlong_penalty, shape_rewards
 from jax_ppo.core.stats import (
     explained_variance,
     masked_mean,
@@ -39,6 +52,9 @@ from jax_ppo.core.stats import (
 )
 
 __all__ = [
+    "CORRECTION_LEVELS",
+    "CORRECTION_MODES",
+    "DPO_LOSS_TYPES",
     "KL_ESTIMATORS",
     "REDUCTIONS",
     "KLController",
@@ -46,6 +62,8 @@ __all__ = [
     "adaptive_kl_controller",
     "aggregate_loss",
     "chunked_logprobs",
+    "cispo_policy_loss",
+    "dpo_loss",
     "entropy_bonus",
     "entropy_from_logits",
     "explained_variance",
@@ -54,6 +72,7 @@ __all__ = [
     "gae_from_dones",
     "gather_logprobs",
     "grpo_advantages",
+    "gspo_policy_loss",
     "kl_penalty",
     "last_valid_index",
     "masked_mean",
@@ -61,12 +80,14 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "multiplicative_kl_controller",
+    "overlong_penalty",
     "position_ids_from_mask",
     "ppo_policy_loss",
     "ppo_value_loss",
     "reinforce_plus_plus_advantages",
     "response_mask_from_stop_tokens",
     "rloo_advantages",
+    "rollout_correction_weights",
     "shape_rewards",
     "truncate_after_stop",
 ]

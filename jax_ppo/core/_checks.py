@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm")
 """The `reduction`s of the policy and value losses (`aggregate_loss`)."""
 
 

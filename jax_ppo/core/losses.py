@@ -5,10 +5,17 @@ losses are aggregated over valid tokens by one of three reductions:
 
 - `"token-mean"` (default): :math:`\\sum_{b,t} m_{bt} \\ell_{bt} / \\sum_{b,t} m_{bt}`;
 - `"seq-mean-token-mean"`: the mean over rows of each row's token mean;
-- `"seq-mean-token-sum"`: the mean over rows of each row's token sum.
+- `"seq-mean-token-sum"`: the mean over rows of each row's token sum;
+- `"token-sum-norm"` (Dr. GRPO, Liu et al. 2025): :math:`\\sum_{b,t} m_{bt} \\ell_{bt} / (B T)`,
+  the masked sum over the batch divided by the padded size, whatever the valid counts, so that
+  no response is weighted by its own length.
 
 Rows without any valid token are left out of the sequence-level means. Metrics are always token
 means over valid tokens.
+
+Besides PPO's clipped surrogate, two policy-gradient variants of the GRPO family:
+`gspo_policy_loss` (one length-normalised importance ratio per sequence, clipped per sequence)
+and `cispo_policy_loss` (a clipped, stop-gradient importance weight on the log-prob's gradient).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ def aggregate_loss(loss: Array, mask: Array, reduction: str = "token-mean") -> A
   Args:
     loss: `[B, T]` per-token loss.
     mask: `[B, T]` bool or float mask.
-    reduction: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+    reduction: "token-mean", "seq-mean-token-mean", "seq-mean-token-sum" or "token-sum-norm".
 
   Returns:
     float32 scalar.
@@ -41,6 +48,8 @@ def aggregate_loss(loss: Array, mask: Array, reduction: str = "token-mean") -> A
     return masked_mean(loss, mask)
   w = jnp.asarray(mask).astype(jnp.float32)
   per_row = jnp.sum(jnp.where(w != 0, jnp.asarray(loss, jnp.float32), 0.0) * w, axis=1)
+  if reduction == "token-sum-norm":
+    return jnp.sum(per_row) / float(w.shape[0] * w.shape[1])
   count = jnp.sum(w, axis=1)
   if reduction == "seq-mean-token-mean":
     per_row = per_row / jnp.where(count != 0, count, 1.0)
@@ -76,7 +85,7 @@ def ppo_policy_loss(
     clip_eps: lower (and default upper) clip range, > 0.
     clip_eps_high: upper clip range, > 0; `None` uses `clip_eps`.
     dual_clip: the constant `c > 1` capping the loss of negative-advantage tokens, or `None`.
-    reduction: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+    reduction: a name of `REDUCTIONS` (see the module docstring).
 
   Returns:
     `(loss, metrics)` with metrics `clipfrac` (share of valid tokens where the clipped term is
@@ -143,7 +152,7 @@ def ppo_value_loss(
     returns: `[B, T]` targets (from `gae`).
     mask: `[B, T]` bool or float mask.
     clip_eps: clip range > 0, or `None` for the plain squared error.
-    reduction: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+    reduction: a name of `REDUCTIONS` (see the module docstring).
 
   Returns:
     `(loss, metrics)` with metrics `clipfrac` (share of valid tokens where the clipped term is
@@ -182,7 +191,7 @@ def entropy_bonus(
     logits: `[B, T, V]` logits at the response positions.
     mask: `[B, T]` bool or float mask.
     temperature: the sampling temperature.
-    reduction: "token-mean", "seq-mean-token-mean" or "seq-mean-token-sum".
+    reduction: a name of `REDUCTIONS` (see the module docstring).
 
   Returns:
     `(entropy, metrics)`: the aggregated entropy (float32 scalar, positive) and
@@ -193,3 +202,134 @@ def entropy_bonus(
   _checks.check_per_token("logits", logits, "[B, T, V]", "mask", mask)
   entropy = aggregate_loss(entropy_from_logits(logits, temperature), mask, reduction)
   return entropy, {"entropy": entropy}
+
+
+def gspo_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_eps: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+) -> tuple[Array, dict[str, Array]]:
+  r"""GSPO's sequence-level clipped objective (Zheng et al. 2025, "Group Sequence Policy
+  Optimization"), as a loss to minimise.
+
+  One importance ratio per sequence, the geometric mean of its token ratios (length-normalised,
+  so that long and short responses have ratios of one scale), clipped per sequence:
+
+  .. math::  s_b = \exp\Big(\frac{1}{|y_b|}\sum_t m_{bt}(\log\pi_{bt} - \log\pi^{old}_{bt})\Big),
+             \qquad \ell_b = \max\big(-A_b s_b,\; -A_b\,\mathrm{clip}(s_b, 1 - \epsilon,
+             1 + \epsilon_{high})\big)
+
+  and the loss is the mean of :math:`\ell_b` over the sequences with at least one valid token.
+  The clip ranges are those of the paper (3e-4 and 4e-4): a sequence ratio moves far less than
+  a token's.
+
+  Args:
+    logprobs: `[B, T]` log-probabilities under the policy being optimised (differentiable).
+    old_logprobs: `[B, T]` log-probabilities under the behaviour policy (no gradient is taken).
+    advantages: `[B]` one advantage per sequence (e.g. `grpo_advantages`).
+    mask: `[B, T]` bool or float mask (a float mask weights the tokens of the mean).
+    clip_eps: lower clip range, > 0.
+    clip_eps_high: upper clip range, > 0.
+
+  Returns:
+    `(loss, metrics)` with metrics `clipfrac` (share of those sequences where the clipped term
+    is the larger), `approx_kl` (token mean of :math:`\frac12(\log\pi - \log\pi_{old})^2`),
+    `ratio_mean` and `ratio_var` (of :math:`s_b` over those sequences) and `policy_loss`.
+  """
+  _checks.check_rank("logprobs", logprobs, 2, "[B, T]")
+  _checks.check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
+  _checks.check_rank("advantages", advantages, 1, "[B]")
+  if _checks.shape_of(advantages)[0] != _checks.shape_of(logprobs)[0]:
+    raise ValueError(
+        f"`advantages` [B] and `logprobs` [B, T] disagree on B: `advantages` "
+        f"{_checks.shape_of(advantages)}, `logprobs` {_checks.shape_of(logprobs)}."
+    )
+  _checks.check_scalar_range("clip_eps", clip_eps, low=0.0, low_inclusive=False)
+  _checks.check_scalar_range("clip_eps_high", clip_eps_high, low=0.0, low_inclusive=False)
+  valid = jnp.asarray(mask) != 0
+  old = jax.lax.stop_gradient(jnp.asarray(old_logprobs, jnp.float32))
+  log_ratio = jnp.where(valid, jnp.asarray(logprobs, jnp.float32) - old, 0.0)
+  seq_log_ratio = masked_mean(log_ratio, mask, axis=1)  # [B]; 0 for a row without tokens
+  has_tokens = jnp.any(valid, axis=1)
+  adv = jnp.where(has_tokens, jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32)), 0.0)
+  ratio = jnp.exp(seq_log_ratio)
+  unclipped = -adv * ratio
+  clipped = -adv * jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps_high)
+  loss = masked_mean(jnp.maximum(unclipped, clipped), has_tokens)
+  ratio_mean = masked_mean(ratio, has_tokens)
+  metrics = {
+      "clipfrac": masked_mean(clipped > unclipped, has_tokens),
+      "approx_kl": masked_mean(0.5 * jnp.square(log_ratio), mask),
+      "ratio_mean": ratio_mean,
+      "ratio_var": masked_mean(jnp.square(ratio - ratio_mean), has_tokens),
+      "policy_loss": loss,
+  }
+  return loss, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)
+
+
+def cispo_policy_loss(
+    logprobs: Array,
+    old_logprobs: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_eps_low: float | None = None,
+    clip_eps_high: float = 0.2,
+    reduction: str = "token-mean",
+) -> tuple[Array, dict[str, Array]]:
+  r"""CISPO (MiniMax 2025, "MiniMax-M1"): REINFORCE with a clipped importance-sampling weight.
+
+  Unlike PPO, no token is dropped from the gradient when its ratio leaves the trust region: the
+  weight is clipped instead, and held constant:
+
+  .. math::  \ell_t = -\,\mathrm{sg}\big(\mathrm{clip}(\rho_t, 1 - \epsilon_{low},
+             1 + \epsilon_{high})\big)\, A_t \log\pi_t, \qquad \rho_t = \exp(\log\pi_t -
+             \log\pi^{old}_t)
+
+  so :math:`\nabla\ell_t = -\hat\rho_t A_t \nabla\log\pi_t`. The loss's value is not an
+  objective to read, its gradient is what counts.
+
+  Args:
+    logprobs: `[B, T]` log-probabilities under the policy being optimised (differentiable).
+    old_logprobs: `[B, T]` log-probabilities under the behaviour policy (no gradient is taken).
+    advantages: `[B, T]` advantages (broadcast sequence advantages over the tokens first).
+    mask: `[B, T]` bool or float mask.
+    clip_eps_low: lower clip range, > 0; `None` (MiniMax-M1's setting) leaves the weight
+      unbounded below.
+    clip_eps_high: upper clip range, > 0.
+    reduction: a name of `REDUCTIONS` (see the module docstring).
+
+  Returns:
+    `(loss, metrics)` with metrics `clipfrac` (share of valid tokens whose ratio was clipped),
+    `approx_kl` (masked mean of :math:`\frac12(\log\pi - \log\pi_{old})^2`), `ratio_mean`,
+    `ratio_var` and `policy_loss`.
+  """
+  _checks.check_rank("logprobs", logprobs, 2, "[B, T]")
+  _checks.check_same_shape(
+      logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask
+  )
+  _checks.check_choice("reduction", reduction, _checks.REDUCTIONS)
+  _checks.check_scalar_range("clip_eps_low", clip_eps_low, low=0.0, low_inclusive=False)
+  _checks.check_scalar_range("clip_eps_high", clip_eps_high, low=0.0, low_inclusive=False)
+  valid = jnp.asarray(mask) != 0
+  lp = jnp.where(valid, jnp.asarray(logprobs, jnp.float32), 0.0)
+  old = jax.lax.stop_gradient(jnp.asarray(old_logprobs, jnp.float32))
+  log_ratio = jnp.where(valid, lp - old, 0.0)
+  adv = jnp.where(valid, jax.lax.stop_gradient(jnp.asarray(advantages, jnp.float32)), 0.0)
+  ratio = jnp.exp(jax.lax.stop_gradient(log_ratio))
+  low = None if clip_eps_low is None else 1.0 - clip_eps_low
+  weight = jnp.clip(ratio, low, 1.0 + clip_eps_high)
+  loss = aggregate_loss(-weight * adv * lp, mask, reduction)
+  ratio_mean = masked_mean(ratio, mask)
+  metrics = {
+      "clipfrac": masked_mean(weight != ratio, mask),
+      "approx_kl": masked_mean(0.5 * jnp.square(log_ratio), mask),
+      "ratio_mean": ratio_mean,
+      "ratio_var": masked_mean(jnp.square(ratio - ratio_mean), mask),
+      "policy_loss": loss,
+  }
+  return loss, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), metrics)

@@ -57,3 +57,41 @@ def shape_rewards(scores: Array, kl: Array, mask: Array, *, kl_coef: float | Arr
   last = last_valid_index(mask)
   at_last = jnp.arange(valid.shape[1])[None, :] == last[:, None]
   return rewards + jnp.where(at_last, jnp.asarray(scores, jnp.float32)[:, None], 0.0)
+
+
+def overlong_penalty(
+    lengths: Array, *, max_length: int, cache_length: int, penalty: float | Array = 1.0
+) -> Array:
+  r"""DAPO's overlong reward shaping (Yu et al. 2025): a soft penalty on responses that run into
+  the length limit, to add to the scores.
+
+  With :math:`L` the response length and :math:`s = L_{max} - L_{cache}`:
+
+  .. math::  R(L) = \begin{cases} 0 & L \le s \\
+             p\,(s - L) / L_{cache} & s < L \le L_{max} \\
+             -p & L > L_{max} \end{cases}
+
+  so the penalty grows linearly from 0 to :math:`-p` over the last `cache_length` tokens.
+
+  Args:
+    lengths: `[B]` response lengths in tokens (int or float).
+    max_length: :math:`L_{max}`, the length limit (e.g. `max_new_tokens`), > 0.
+    cache_length: :math:`L_{cache}`, the soft-penalty window, in `(0, max_length]`.
+    penalty: :math:`p \ge 0`, the penalty at and beyond the limit.
+
+  Returns:
+    `[B]` float32 rewards, 0 or negative.
+  """
+  _checks.check_rank("lengths", lengths, 1, "[B]")
+  for name, value in (("max_length", max_length), ("cache_length", cache_length)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"`{name}` must be an int >= 1, got {value!r}.")
+  if cache_length > max_length:
+    raise ValueError(f"`cache_length` ({cache_length}) must not exceed `max_length` "
+                     f"({max_length}): the soft-penalty window lies inside the length limit.")
+  _checks.check_scalar_range("penalty", penalty, low=0.0)
+  length = jnp.asarray(lengths, jnp.float32)
+  start = float(max_length - cache_length)
+  penalty = jnp.asarray(penalty, jnp.float32)
+  soft = penalty * (start - length) / float(cache_length)
+  return jnp.where(length <= start, 0.0, jnp.where(length <= max_length, soft, -penalty))

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from jax_ppo.core import aggregate_loss, entropy_bonus, ppo_policy_loss, ppo_value_loss
 
-REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum-norm")
 
 
 # ---------------------------------------------------------------- NumPy float64 references
@@ -37,6 +37,8 @@ def ref_row_weights(mask, reduction):
   w = np.zeros_like(m)
   if reduction == "token-mean":
     return m / m.sum() if m.sum() else w
+  if reduction == "token-sum-norm":  # Dr. GRPO: over B x T whatever the valid counts
+    return m / m.size
   rows = [i for i in range(m.shape[0]) if m[i].sum() > 0]
   for i in rows:
     w[i] = m[i] / len(rows)
@@ -541,6 +543,8 @@ def test_aggregate_loss_known_values_and_empty_rows():
   # The empty third row is left out of the sequence means (not counted as a zero).
   assert_close(aggregate_loss(loss, mask, "seq-mean-token-mean"), (1.5 + 4.0) / 2)
   assert_close(aggregate_loss(loss, mask, "seq-mean-token-sum"), (3.0 + 4.0) / 2)
+  # Dr. GRPO: the valid sum over B x T = 9 slots, so a longer response weighs no less per token.
+  assert_close(aggregate_loss(loss, mask, "token-sum-norm"), (1.0 + 2.0 + 4.0) / 9)
   for reduction in REDUCTIONS:
     assert_close(aggregate_loss(loss, np.zeros_like(mask), reduction), 0.0)
 
@@ -616,6 +620,12 @@ def test_jitted_policy_update_compiles_once():
     assert_close(loss, ppo_policy_loss(lp, old, z[0], mask[0], clip_eps=clip_eps)[0], atol=1e-6)
   assert len(traces) == 1
   assert jitted._cache_size() == 1
+
+
+def test_reductions_are_the_core_tuple():
+  from jax_ppo.core import REDUCTIONS as CORE_REDUCTIONS
+
+  assert CORE_REDUCTIONS == REDUCTIONS
 
 
 # ---------------------------------------------------------------- bad input

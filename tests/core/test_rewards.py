@@ -20,7 +20,7 @@ from core_strategies import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_ppo.core import last_valid_index, shape_rewards
+from jax_ppo.core import last_valid_index, overlong_penalty, shape_rewards
 
 # ---------------------------------------------------------------- NumPy float64 references
 
@@ -188,3 +188,61 @@ _B, _KL, _MASK = np.zeros(2), np.zeros((2, 3)), np.ones((2, 3))
 def test_bad_input_raises_value_error_naming_the_argument(call, name):
   with pytest.raises(ValueError, match=name):
     call()
+
+
+# ---------------------------------------------------------------- overlong_penalty
+
+
+def ref_overlong(lengths, max_length, cache_length, penalty):
+  start = max_length - cache_length
+  out = []
+  for n in np.asarray(lengths, np.float64):
+    if n <= start:
+      out.append(0.0)
+    elif n <= max_length:
+      out.append(penalty * (start - n) / cache_length)
+    else:
+      out.append(-penalty)
+  return np.array(out)
+
+
+@given(st.integers(1, 64), st.data())
+def test_overlong_penalty_matches_reference_and_is_continuous(max_length, data):
+  cache = data.draw(st.integers(1, max_length))
+  penalty = data.draw(st.sampled_from((0.0, 0.5, 1.0, 2.0)))
+  lengths = np.arange(0, max_length + 3)
+  got = jit_call(overlong_penalty, lengths, max_length=max_length, cache_length=cache,
+                 penalty=penalty)
+  assert got.dtype == jnp.float32 and got.shape == lengths.shape
+  assert_close(got, ref_overlong(lengths, max_length, cache, penalty), rtol=1e-6, atol=1e-6)
+  # 0 up to the window, -penalty at the limit, never increasing with the length.
+  assert_close(got[max_length - cache], 0.0, atol=0)
+  assert_close(got[max_length], -penalty, rtol=1e-6, atol=1e-7)
+  assert np.all(np.diff(np.asarray(got)) <= 1e-7)
+
+
+def test_overlong_penalty_known_values():
+  # DAPO's setting: a 20480-token limit with a 4096-token window.
+  got = overlong_penalty(np.array([100, 16384, 18432, 20480, 20481]), max_length=20480,
+                         cache_length=4096)
+  assert_close(got, [0.0, 0.0, -0.5, -1.0, -1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(max_length=0, cache_length=1), "`max_length`"),
+        (dict(max_length=10, cache_length=0), "`cache_length`"),
+        (dict(max_length=10, cache_length=11), "`cache_length`"),
+        (dict(max_length=10, cache_length=2.5), "`cache_length`"),
+        (dict(max_length=10, cache_length=4, penalty=-1.0), "`penalty`"),
+    ],
+)
+def test_overlong_penalty_bad_options(kwargs, name):
+  with pytest.raises(ValueError, match=name):
+    overlong_penalty(np.array([3, 4]), **kwargs)
+
+
+def test_overlong_penalty_bad_shape():
+  with pytest.raises(ValueError, match="`lengths`"):
+    overlong_penalty(np.zeros((2, 3)), max_length=10, cache_length=4)
