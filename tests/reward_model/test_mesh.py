@@ -44,3 +44,16 @@ def test_reward_model_steps_on_a_mesh_equal_one_device(result):
   for key in eval1:
     assert eval8[key] == pytest.approx(eval1[key], abs=TOL), key
   assert r["max_score_diff"] < TOL
+
+
+@pytest.mark.slow
+def test_a_run_on_a_mesh_resumes_on_another_mesh_like_the_uninterrupted_run(tmp_path):
+  r = run_on_devices(pathlib.Path(SCRIPT).parent / "mesh_resume.py", str(tmp_path / "run"))
+  # Stopped at 2, restored at 2 into (data=2, fsdp=4, tensor=1) shardings, finished at 4.
+  assert r["steps"] == [2, 2, 4, 4]
+  assert r["resumed_mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert r["param_mesh_shapes"] == ["{'data': 2, 'fsdp': 4, 'tensor': 1}"]
+  assert any("fsdp" in s for s in r["param_specs"])
+  assert r["moved"] > 1e-3
+  assert r["max_param_diff"] < TOL and r["max_opt_diff"] < TOL
+  assert r["logged_steps"] == [1, 2, 3, 4]

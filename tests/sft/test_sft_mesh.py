@@ -45,3 +45,26 @@ def test_sft_steps_on_a_mesh_equal_the_single_device_steps(result):
   assert r["eval"][1]["eval/tokens"] == r["eval"][0]["eval/tokens"]
   assert r["eval"][1]["eval/loss"] == pytest.approx(r["eval"][0]["eval/loss"], abs=TOL)
   assert r["train_programs"] == 1  # no recompilation from the second step on
+
+
+@pytest.fixture(scope="module")
+def lora_result():
+  return run_on_devices(pathlib.Path(SCRIPT).parent / "sharded_lora_sft.py", "2", "2", "2")
+
+
+@pytest.mark.slow
+def test_lora_sft_on_a_mesh_equals_the_single_device_run(lora_result):
+  r = lora_result
+  assert r["devices"] == 8
+  # Only the adapters train (two per adapted projection), and they moved ...
+  assert r["trained_leaves"] > 0 and r["trained_paths_not_lora"] == []
+  assert r["moved"] > 1e-4
+  # ... by the same steps on the mesh as on one device, with the frozen base split over it.
+  assert r["max_param_diff"] < TOL and r["max_opt_diff"] < TOL
+  assert any("fsdp" in s for s in r["base_specs"]) and any("tensor" in s for s in r["base_specs"])
+  for a, b in zip(*r["metrics"], strict=True):
+    for key in a:
+      assert b[key] == pytest.approx(a[key], abs=TOL), key
+  eval1, eval8 = r["eval"]
+  for key in eval1:
+    assert eval8[key] == pytest.approx(eval1[key], abs=TOL), key
