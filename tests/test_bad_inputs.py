@@ -23,7 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import load_tokenizer  # noqa: E402
-from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
@@ -73,8 +73,9 @@ def files(tmp_path_factory):
       "policy_path": str(root / "policy"), "reward_function": "length",
       "prompts_path": str(root / "prompts.txt"), "run_dir": str(root / "run"), "save_every": 1,
       "log_samples_every": 1, "progress": False, "tensorboard": False,
-      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": MAX_NEW,
-              "total_updates": 2, "optimizer": {"learning_rate": 1e-3}, "temperature": 1.0},
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
+              "sampling": {"max_new_tokens": MAX_NEW, "temperature": 1.0},
+              "total_updates": 2, "optimizer": {"learning_rate": 1e-3}},
   }
   (root / "run.yaml").write_text(yaml.safe_dump(cfg))
   return root
@@ -122,7 +123,8 @@ def _train_fails(files, tmp_path, capsys, *args) -> str:
                                                 r"\{\"role\", \"content\"\} objects, got 'hi'"),
         ("long.txt", b"the movie\nthe movie was very very very long\n",
          r"long.txt', line 2: the prompt has 7 tokens, more than the 6 that fit \(the policy's "
-         r"context minus ppo.max_new_tokens\); shorten it or lower ppo.max_new_tokens"),
+         r"context minus ppo.sampling.max_new_tokens\); shorten it or lower "
+         r"ppo.sampling.max_new_tokens"),
         ("unknown.txt", "\u00e9t\u00e9\n".encode(), None),  # one <unk> token: a valid prompt
     ],
 )
@@ -155,9 +157,9 @@ def test_prompt_file_errors_through_the_cli(files, tmp_path, capsys, content, me
 
 
 def test_too_many_new_tokens_for_the_context(files, tmp_path, capsys):
-  err = _train_fails(files, tmp_path, capsys, f"ppo.max_new_tokens={N_POSITIONS}")
-  assert f"PPOConfig.max_new_tokens={N_POSITIONS} leaves no room for a prompt in the policy's " \
-         f"context of {N_POSITIONS} tokens; lower ppo.max_new_tokens." in err
+  err = _train_fails(files, tmp_path, capsys, f"ppo.sampling.max_new_tokens={N_POSITIONS}")
+  assert f"PPOConfig.sampling.max_new_tokens={N_POSITIONS} leaves no room for a prompt in the " \
+         f"policy's context of {N_POSITIONS} tokens; lower ppo.sampling.max_new_tokens." in err
 
 
 # ---- configs -------------------------------------------------------------------------------------
@@ -214,9 +216,12 @@ def test_yaml_and_json_syntax_errors_give_file_line_and_column(files, tmp_path, 
         ("ppo.clip_eps=-0.2", "PPOConfig.clip_eps=-0.2 is invalid"),
         ("ppo.num_minibatches=3",
          "PPOConfig.batch_size=4 is invalid: it must be divisible by num_minibatches (3)"),
-        ("ppo.stop_token_ids=[-1]", "PPOConfig.stop_token_ids=(-1,) is invalid"),
-        ("ppo.stop_token_ids=[1,300]", "RunConfig.ppo.stop_token_ids=(1, 300): id(s) [300] are "
-                                      "outside the policy's vocabulary of 30 tokens"),
+        ("ppo.sampling.stop_token_ids=[-1]", "PPOConfig.sampling.stop_token_ids=(-1,) is invalid"),
+        ("ppo.sampling.stop_token_ids=[1,300]", "RunConfig.ppo.sampling.stop_token_ids=(1, 300): "
+                                               "id(s) [300] are outside the policy's vocabulary "
+                                               "of 30 tokens"),
+        ("ppo.sampling.temperature=0", "PPOConfig.sampling.temperature=0.0 is invalid: use a "
+                                       "value > 0"),
         ("ppo.batch_size=four", "Config key 'ppo.batch_size' (PPOConfig.batch_size) in override "
                                 "'ppo.batch_size=four': Couldn't parse 'four' into an int; "
                                 "expected int."),
@@ -229,12 +234,8 @@ def test_invalid_values(files, tmp_path, capsys, override, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(pad_token_id=None), r"PPOConfig.pad_token_id=None is invalid: use the tokenizer's "
-                                  r"pad id, an int >= 0"),
-        (dict(pad_token_id=-1), r"PPOConfig.pad_token_id=-1 is invalid"),
-        (dict(pad_token_id=True), r"PPOConfig.pad_token_id=True is invalid"),
-        (dict(stop_token_ids=(2, None)), r"PPOConfig.stop_token_ids=\(2, None\) is invalid: use "
-                                         r"a tuple of token ids, ints >= 0"),
+        (dict(sampling={"temperature": 1.0}), r"PPOConfig.sampling=\{'temperature': 1.0\} is "
+                                              r"invalid: pass a PPOSampling"),
         (dict(target_kl="x"), r"PPOConfig.target_kl='x' is invalid: use a number or None"),
         (dict(clip_eps=True), r"PPOConfig.clip_eps=True is invalid: use a number"),
         (dict(optimizer={"learning_rate": 1e-6}), r"PPOConfig.optimizer=\{'learning_rate': "
@@ -251,7 +252,35 @@ def test_invalid_values(files, tmp_path, capsys, override, message):
 def test_ppo_config_refuses_bad_values_at_construction(kwargs, message):
   with pytest.raises(ValueError, match=message):
     PPOConfig(**kwargs)
-  assert PPOConfig(pad_token_id=np.int64(3), stop_token_ids=(np.int32(2),)).pad_token_id == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(pad_token_id=None), r"PPOConfig.sampling.pad_token_id=None is invalid: use the "
+                                  r"tokenizer's pad id, an int >= 0"),
+        (dict(pad_token_id=-1), r"PPOConfig.sampling.pad_token_id=-1 is invalid"),
+        (dict(pad_token_id=True), r"PPOConfig.sampling.pad_token_id=True is invalid"),
+        (dict(stop_token_ids=(2, None)), r"PPOConfig.sampling.stop_token_ids=\(2, None\) is "
+                                         r"invalid: use a tuple of token ids, ints >= 0"),
+        (dict(stop_token_ids=(0,), pad_token_id=0), r"PPOConfig.sampling.pad_token_id=0 is "
+                                                    r"invalid: PAD must differ from every stop"),
+        (dict(temperature="hot"), r"PPOConfig.sampling.temperature='hot' is invalid: use a "
+                                  r"value > 0\."),
+        (dict(temperature=0.0), r"PPOConfig.sampling.temperature=0.0 is invalid"),
+        (dict(top_p=1.5), r"PPOConfig.sampling.top_p=1.5 is invalid: use a value in \(0, 1\]"),
+        (dict(top_k=-1), r"PPOConfig.sampling.top_k=-1 is invalid: use an int >= 0"),
+        (dict(max_new_tokens=True), r"PPOConfig.sampling.max_new_tokens=True is invalid: use an "
+                                    r"int >= 1"),
+    ],
+)
+def test_ppo_sampling_refuses_bad_values_at_construction(kwargs, message):
+  """The sampling block's errors name the field by its place in the run
+  (`PPOConfig.sampling.<field>`)."""
+  with pytest.raises(ValueError, match=message):
+    PPOSampling(**kwargs)
+  normalised = PPOSampling(pad_token_id=np.int64(3), stop_token_ids=[np.int32(2)])
+  assert normalised.pad_token_id == 3 and normalised.stop_token_ids == (2,)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.models import from_pretrained  # noqa: E402
-from jax_ppo.ppo import PPOOptimizer  # noqa: E402
+from jax_ppo.ppo import PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.rewards import specs  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
@@ -73,8 +73,9 @@ def files(tmp_path_factory):
       "keep_last": 2,
       "log_samples_every": 1,
       "progress": False,
-      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
-              "total_updates": 4, "optimizer": {"learning_rate": 1e-3}, "temperature": 1.0},
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
+              "sampling": {"max_new_tokens": 4, "temperature": 1.0},
+              "total_updates": 4, "optimizer": {"learning_rate": 1e-3}},
   }
   (root / "run.yaml").write_text(yaml.safe_dump(cfg))
   return root
@@ -177,6 +178,10 @@ def test_train_resume_eval_export(files, capsys):
         (["ppo.optimizer.learnin_rate=1e-3"], "Did you mean 'learning_rate'?"),
         (["ppo.learning_rate=1e-3"], "Config key 'ppo.learning_rate' has moved to "
                                      "'ppo.optimizer.learning_rate'"),
+        (["ppo.max_new_tokens=64"], "Config key 'ppo.max_new_tokens' has moved to "
+                                    "'ppo.sampling.max_new_tokens' "
+                                    "(PPOConfig.sampling.max_new_tokens); write "
+                                    "'ppo.sampling.max_new_tokens' instead."),
         (["preset=poetry"], "RunConfig.preset='poetry' is invalid: choose one of"),
         (["policy_path=/nonexistent"], "RunConfig.policy_path='/nonexistent': no Hugging Face"),
         (["ppo.num_minibatches=3"], "PPOConfig.batch_size=4 is invalid"),
@@ -241,6 +246,28 @@ def test_a_run_folder_saved_with_flat_optimizer_keys_reads_with_the_same_meaning
   with pytest.raises(ValueError, match="'ppo.learning_rate' has moved to "
                                        "'ppo.optimizer.learning_rate'"):
     run_config.load_run_config([str(path)])
+
+
+def test_a_run_folder_saved_with_flat_sampling_keys_reads_with_the_same_meaning(tmp_path):
+  """A config.yaml written before the sampling block (`ppo.temperature`, `ppo.max_new_tokens`,
+  ...) is read by `saved_run_config` (eval, export, resume) as the same run; a config file
+  with the old keys, or one giving a key both ways, is one error naming the new key."""
+  head = "policy_path: p\nprompts_path: q.txt\nrun_dir: r\nreward_function: length\n"
+  path = tmp_path / "config.yaml"
+  path.write_text(head + "ppo: {batch_size: 4, max_new_tokens: 16, temperature: 0.9, top_k: 5, "
+                  "top_p: 0.8, stop_token_ids: [2, 3], pad_token_id: 1, total_updates: 3}\n")
+  cfg = run_config.saved_run_config(tmp_path)
+  assert cfg.ppo.sampling == PPOSampling(max_new_tokens=16, temperature=0.9, top_k=5, top_p=0.8,
+                                         stop_token_ids=(2, 3), pad_token_id=1)
+  assert cfg.ppo.batch_size == 4 and cfg.ppo.total_updates == 3
+  with pytest.raises(ValueError, match=r"Config key 'ppo.max_new_tokens' has moved to "
+                                       r"'ppo.sampling.max_new_tokens' \(PPOConfig.sampling."
+                                       r"max_new_tokens\); write 'ppo.sampling.max_new_tokens'"):
+    run_config.load_run_config([str(path)])
+  path.write_text(head + "ppo: {temperature: 0.9, sampling: {temperature: 0.5}}\n")
+  with pytest.raises(ValueError, match="Config keys 'temperature' and 'sampling.temperature' of "
+                                       "PPOConfig are both given"):
+    run_config.saved_run_config(tmp_path)
 
 
 def test_prompt_files_and_builtin_rewards(files, tmp_path):

@@ -171,10 +171,10 @@ def test_round_trip_of_a_library_config(tmp_path):
 def test_round_trip_of_the_trainer_config(tmp_path):
   from jax_ppo.ppo.config import PPOConfig
 
-  overrides = ["optimizer.learning_rate=1e-6", "stop_token_ids=[50256]", "target_kl=null",
-               "lam=1"]
+  overrides = ["optimizer.learning_rate=1e-6", "sampling.stop_token_ids=[50256]",
+               "target_kl=null", "lam=1"]
   config = load_config(PPOConfig, None, overrides)
-  assert config.stop_token_ids == (50256,) and config.lam == 1.0
+  assert config.sampling.stop_token_ids == (50256,) and config.lam == 1.0
   assert load_config(PPOConfig, save_config(config, tmp_path)) == config
 
 
@@ -391,7 +391,7 @@ def test_syntax_errors_give_file_line_and_column_in_one_line(tmp_path, name, con
 def _stage_configs() -> list:
   """One non-default instance of every config a stage saves into its run folder."""
   from jax_ppo.models import LoRAConfig
-  from jax_ppo.ppo.config import PPOConfig, PPOOptimizer
+  from jax_ppo.ppo.config import PPOConfig, PPOOptimizer, PPOSampling
   from jax_ppo.ppo.monitor import MonitorConfig
   from jax_ppo.quickstart.config import smoke
   from jax_ppo.reward_model import RewardModelConfig, RewardModelOptimizer
@@ -404,8 +404,8 @@ def _stage_configs() -> list:
   return [
       RunConfig(
           policy_path="models/policy", prompts_path="data/prompts.jsonl", run_dir="runs/ppo",
-          ppo=PPOConfig(optimizer=PPOOptimizer(learning_rate=3e-6), stop_token_ids=(2, 7),
-                        target_kl=None),
+          ppo=PPOConfig(optimizer=PPOOptimizer(learning_rate=3e-6),
+                        sampling=PPOSampling(stop_token_ids=(2, 7)), target_kl=None),
           rewards=(RewardSource(model_path="runs/rm", weight=1.0),
                    RewardSource(function="length", weight=-0.1, name="len")),
           lora=LoRAConfig(rank=4, targets=("q", "v")), dtype="bfloat16", pad_token="<unk>",

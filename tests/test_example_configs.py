@@ -36,7 +36,7 @@ REWARD_SMALL = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4",
                 "reward.total_steps=2", "reward.optimizer.warmup_steps=0", "reward.eval_every=0",
                 "normalise_samples=4", "normalise_max_new_tokens=4", "progress=false"]
 PPO_SMALL = ["dtype=float32", "ppo.batch_size=4", "ppo.num_minibatches=2", "ppo.ppo_epochs=1",
-             "ppo.max_new_tokens=4", "ppo.total_updates=2", "progress=false",
+             "ppo.sampling.max_new_tokens=4", "ppo.total_updates=2", "progress=false",
              "tensorboard=false"]
 
 KIND = {

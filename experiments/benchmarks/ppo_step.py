@@ -137,7 +137,7 @@ def run_jax(args, shape: dict) -> dict:
 
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
-  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
+  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
   from jax_ppo.ppo.perf import measure_matmul_peak
 
   with tempfile.TemporaryDirectory() as tmp:
@@ -154,8 +154,10 @@ def run_jax(args, shape: dict) -> dict:
   prompts = make_prompts(vocab)
   total = args.warmup + args.updates
   config = PPOConfig(
-      batch_size=args.batch, num_minibatches=1, ppo_epochs=4, max_new_tokens=args.response_length,
-      temperature=0.7, stop_token_ids=(), pad_token_id=vocab - 1, kl_coef=0.05,
+      batch_size=args.batch, num_minibatches=1, ppo_epochs=4,
+      sampling=PPOSampling(max_new_tokens=args.response_length, temperature=0.7,
+                           stop_token_ids=(), pad_token_id=vocab - 1),
+      kl_coef=0.05,
       kl_controller="fixed", optimizer=PPOOptimizer(learning_rate=3e-6), total_updates=total,
       vf_coef=0.1,
       train_scan_layers=LAYER_LOOPS[args.train_layers],

@@ -67,13 +67,14 @@ def main(argv=None) -> int:
 
   from jax_ppo.diagnostics.memory import update_memory
   from jax_ppo.parallel import MeshConfig, make_mesh
-  from jax_ppo.ppo import PPOConfig
+  from jax_ppo.ppo import PPOConfig, PPOSampling
 
   devices = jax.devices()[: args.devices]
   if len(devices) < args.devices:
     print(f"Only {len(devices)} devices; pass --devices {len(devices)}.", file=sys.stderr)
     return 2
-  ppo = PPOConfig(batch_size=args.batch, max_new_tokens=args.response, ppo_epochs=1)
+  ppo = PPOConfig(batch_size=args.batch, sampling=PPOSampling(max_new_tokens=args.response),
+                  ppo_epochs=1)
   configs = model_configs()
   results = {"devices": args.devices, "platform": devices[0].platform, "batch": args.batch,
              "prompt": args.prompt, "response": args.response, "models": {}}

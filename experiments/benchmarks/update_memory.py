@@ -48,7 +48,7 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
 
   from jax_ppo.models.config import ModelConfig
   from jax_ppo.models.transformer import CausalLM
-  from jax_ppo.ppo.config import PPOConfig, PPOOptimizer
+  from jax_ppo.ppo.config import PPOConfig, PPOOptimizer, PPOSampling
   from jax_ppo.ppo.state import FrozenParams, init_train_state
   from jax_ppo.ppo.steps import PPOSteps
   from jax_ppo.rollout.sampler import Rollout
@@ -56,8 +56,9 @@ def abstract_update(shape: dict, *, epochs: int, dtype: str, remat: str = "none"
 
   b, s, t = shape["batch"], shape["prompt"], shape["response"]
   config = PPOConfig(
-      batch_size=b, num_minibatches=1, ppo_epochs=epochs, max_new_tokens=t, stop_token_ids=(2,),
-      pad_token_id=0, total_updates=10, optimizer=PPOOptimizer(lr_schedule="constant"),
+      batch_size=b, num_minibatches=1, ppo_epochs=epochs,
+      sampling=PPOSampling(max_new_tokens=t, stop_token_ids=(2,), pad_token_id=0),
+      total_updates=10, optimizer=PPOOptimizer(lr_schedule="constant"),
   )
   compute = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
 

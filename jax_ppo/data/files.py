@@ -376,7 +376,7 @@ def read_prompts(
     seed: shuffling seed of the dataset.
     max_tokens: the longest prompt allowed (None: not checked).
     max_tokens_note, too_long_fix: what the too-long error adds after "the N that fit" (e.g.
-      " (the policy's context minus ppo.max_new_tokens)") and the fix it gives.
+      " (the policy's context minus ppo.sampling.max_new_tokens)") and the fix it gives.
     configurable_fields: errors suggest `prompt_field=` (False where the caller cannot set it).
     lazy: read and check every record now but tokenize each prompt when a batch first needs it
       (`PromptDataset.lazy`; a process of a multi-host run then tokenizes only its own rows);

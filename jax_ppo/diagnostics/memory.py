@@ -52,8 +52,8 @@ def update_memory(model_config: ModelConfig, ppo_config, mesh: Mesh, *, prompt_l
 
   Args:
     model_config: the architecture (e.g. Qwen3-0.6B's shapes).
-    ppo_config: a `PPOConfig`; its `batch_size` rows of `prompt_length + max_new_tokens` tokens
-      form the batch.
+    ppo_config: a `PPOConfig`; its `batch_size` rows of `prompt_length +
+      sampling.max_new_tokens` tokens form the batch.
     mesh: the device mesh.
     prompt_length: `S`, prompt slots per row.
     param_dtype, dtype: parameter storage and compute dtypes.
@@ -87,7 +87,7 @@ def update_memory(model_config: ModelConfig, ppo_config, mesh: Mesh, *, prompt_l
   state = _with_shardings(state, "params", mesh)
   frozen = _with_shardings(FrozenParams(policy_rest=rest, ref=params, value_rest=None,
                                         reward=None), "params", mesh)
-  b, t = c.batch_size, c.max_new_tokens
+  b, t = c.batch_size, c.sampling.max_new_tokens
   n = prompt_length + t
   tokens = lambda *shape, dt=jnp.int32: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
   batch = Batch(

@@ -85,7 +85,7 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
 
   from jax_ppo.models.config import ModelConfig
   from jax_ppo.models.transformer import CausalLM
-  from jax_ppo.ppo import PPOConfig, PPOOptimizer
+  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
   from jax_ppo.ppo.state import FrozenParams, init_train_state
   from jax_ppo.ppo.steps import PPOSteps
   from jax_ppo.rollout.sampler import Rollout
@@ -102,8 +102,8 @@ def tiny_update(*, batch_size: int = 8, hidden_size: int = 16, num_layers: int =
   )
   config = PPOConfig(
       batch_size=batch_size, num_minibatches=1, ppo_epochs=ppo_epochs,
-      max_new_tokens=max_new_tokens,
-      temperature=1.0, stop_token_ids=(stop,), pad_token_id=pad,
+      sampling=PPOSampling(max_new_tokens=max_new_tokens, temperature=1.0,
+                           stop_token_ids=(stop,), pad_token_id=pad),
       optimizer=PPOOptimizer(learning_rate=3e-3, lr_schedule="constant"), kl_coef=0.05,
       vf_coef=0.5, total_updates=4, reward_clip=None,
       seed=seed,

@@ -75,7 +75,7 @@ def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Ar
   if config.reward_clip is not None:
     s = jnp.clip(s, -config.reward_clip, config.reward_clip)
   s = s - config.length_penalty * rollout.response_lengths.astype(jnp.float32)
-  if config.missing_eos_penalty is not None and config.stop_token_ids:
+  if config.missing_eos_penalty is not None and config.sampling.stop_token_ids:
     s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
   return s
 

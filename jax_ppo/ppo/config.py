@@ -1,7 +1,10 @@
 """Configuration of a PPO (and GRPO / RLOO / REINFORCE++) run for language models.
 
 One frozen, keyword-only dataclass, validated at construction: every error names the field and
-the fix. Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and
+the fix. The optimizer and the sampling are blocks of their own (`PPOConfig.optimizer`,
+`PPOConfig.sampling`); `PPOConfig.MOVED_KEYS` maps the keys they held flat before
+(`learning_rate` -> `optimizer.learning_rate`, `temperature` -> `sampling.temperature`).
+Defaults follow "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024) and
 `docs/rlhf_details.md`; the item numbers below refer to that list.
 """
 
@@ -14,6 +17,7 @@ from typing import ClassVar
 
 from jax_ppo.core import KL_ESTIMATORS, REDUCTIONS
 from jax_ppo.ppo.advantages import ADVANTAGE_FNS, CRITIC_MODES, GROUP_MODES
+from jax_ppo.rollout.config import SamplingParams
 from jax_ppo.training.optim import OptimizerConfig
 
 ADVANTAGE_MODES = tuple(ADVANTAGE_FNS)
@@ -48,6 +52,37 @@ class PPOOptimizer(OptimizerConfig):
   LR_HINT = "1e-6 to 3e-6 for full PPO fine-tuning"
 
 
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "stop_token_ids",
+                   "pad_token_id")
+"""The sampling fields `PPOConfig` held flat before they moved into `PPOConfig.sampling`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPOSampling(SamplingParams):
+  """PPO's sampling block (`PPOConfig.sampling`): the sampler's `SamplingParams` with PPO's
+  defaults (docs/rlhf_details.md items 3, 5, 7 and 20): temperature 0.7, top-k and top-p off.
+
+  The temperature divides the logits of the rollout and of every log-prob the update takes (old,
+  reference and new policy: item 3). `n_samples` is not here: it is batch geometry
+  (`PPOConfig.n_samples`: `batch_size` is a multiple of it, the group advantages need it).
+  """
+
+  max_new_tokens: int = 48
+  """Response length limit `T`."""
+  temperature: float = 0.7
+  """Sampling temperature; old, reference and new log-probs use the same one."""
+  top_k: int = 0
+  """Top-k during training rollouts (0 = off, the recommended training setting)."""
+  top_p: float = 1.0
+  """Top-p during training rollouts (1 = off)."""
+  stop_token_ids: tuple[int, ...] = ()
+  """Ids that end a response (EOS and extra stop ids). Empty: always `max_new_tokens`."""
+  pad_token_id: int = 0
+  """PAD id, distinct from EOS (item 1)."""
+
+  OWNER: ClassVar[str | None] = "PPOConfig.sampling"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PPOConfig:
   """Hyperparameters of the RLHF loop. `B = batch_size` rollouts per update."""
@@ -64,21 +99,13 @@ class PPOConfig:
   ppo_epochs: int = 4
   """Passes over each rollout batch, reshuffled every epoch."""
 
-  # --- sampling (items 3, 5, 7, 20) ---
-  max_new_tokens: int = 48
-  """Response length limit `T`."""
-  temperature: float = 0.7
-  """Sampling temperature; old, reference and new log-probs use the same one."""
-  top_k: int = 0
-  """Top-k during training rollouts (0 = off, the recommended training setting)."""
-  top_p: float = 1.0
-  """Top-p during training rollouts (1 = off)."""
-  stop_token_ids: tuple[int, ...] = ()
-  """Ids that end a response (EOS and extra stop ids). Empty: always `max_new_tokens`."""
-  pad_token_id: int = 0
-  """PAD id, distinct from EOS (item 1)."""
+  # --- sampling and response penalties (items 3, 5, 7, 20) ---
+  sampling: PPOSampling = dataclasses.field(default_factory=PPOSampling)
+  """How training rollouts are sampled: the length limit, the temperature (also that of the old,
+  reference and new log-probs), top-k / top-p and the stop and pad ids (`PPOSampling`; e.g.
+  `ppo.sampling.max_new_tokens=64` on the command line)."""
   missing_eos_penalty: float | None = None
-  """Score given to responses that hit `max_new_tokens` without a stop token (item 7);
+  """Score given to responses that hit `sampling.max_new_tokens` without a stop token (item 7);
   None keeps the reward model's score."""
   length_penalty: float = 0.0
   """Subtracted from the score per response token, against length reward hacking."""
@@ -177,8 +204,12 @@ class PPOConfig:
   seed: int = 0
   """Seed of the run (sampling keys, shuffles, model init)."""
 
-  MOVED_KEYS: ClassVar[dict[str, str]] = {f: f"optimizer.{f}" for f in OPTIMIZER_FIELDS}
-  """Old flat optimizer keys -> their place in the `optimizer` block (`jax_ppo.config_io`)."""
+  MOVED_KEYS: ClassVar[dict[str, str]] = {
+      **{f: f"optimizer.{f}" for f in OPTIMIZER_FIELDS},
+      **{f: f"sampling.{f}" for f in SAMPLING_FIELDS},
+  }
+  """Old flat optimizer and sampling keys -> their place in the `optimizer` and `sampling`
+  blocks (`jax_ppo.config_io`)."""
 
   def __post_init__(self):
     def bad(field: str, fix: str):
@@ -196,7 +227,7 @@ class PPOConfig:
           or (isinstance(value, numbers.Real) and not isinstance(value, bool))):
         bad(f.name, "use a number" + (" or None" if f.type != "float" else ""))
     for field in ("batch_size", "n_samples", "num_minibatches", "gradient_accumulation_steps",
-                  "ppo_epochs", "max_new_tokens", "total_updates", "kl_horizon"):
+                  "ppo_epochs", "total_updates", "kl_horizon"):
       positive_int(field)
     for field, choices in (
         ("advantage_mode", ADVANTAGE_MODES),
@@ -220,22 +251,8 @@ class PPOConfig:
       )
     if self.advantage_mode in GROUP_MODES and self.n_samples < 2:
       bad("n_samples", f"advantage_mode={self.advantage_mode!r} needs n_samples >= 2")
-    if not self.temperature > 0:
-      bad("temperature", "use a value > 0")
-    if not 0 < self.top_p <= 1:
-      bad("top_p", "use a value in (0, 1]")
-    if not isinstance(self.top_k, int) or self.top_k < 0:
-      bad("top_k", "use an int >= 0")
-    if not isinstance(self.pad_token_id, numbers.Integral) or isinstance(
-        self.pad_token_id, bool) or self.pad_token_id < 0:
-      bad("pad_token_id", "use the tokenizer's pad id, an int >= 0 (a tokenizer without a pad "
-                          "token needs one set, e.g. by jax_ppo.models.load_tokenizer)")
-    if not isinstance(self.stop_token_ids, tuple | list) or not all(
-        isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0
-        for i in self.stop_token_ids):
-      bad("stop_token_ids", "use a tuple of token ids, ints >= 0")
-    if self.pad_token_id in self.stop_token_ids:
-      bad("pad_token_id", "PAD must differ from every stop/EOS id (item 1)")
+    if not isinstance(self.sampling, PPOSampling):
+      bad("sampling", "pass a PPOSampling (jax_ppo.ppo.config)")
     if not 0 <= self.gamma <= 1:
       bad("gamma", "use a value in [0, 1]")
     if not 0 <= self.lam <= 1:

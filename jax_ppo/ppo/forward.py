@@ -9,7 +9,7 @@ of a response are computed for PPO: the behaviour (old) and new log-probs and th
 training, the reference log-probs (in the experience program or on the reference's own mesh),
 and evaluation (`PPOTrainer.evaluate`, `jax-ppo eval`, the placed evaluation), so that all of
 them are the same numbers for the same parameters and rollout (docs/rlhf_details.md items 3, 4).
-The temperature is always an argument (the run's `PPOConfig.temperature`).
+The temperature is always an argument (the run's `PPOConfig.sampling.temperature`).
 
 `PolicyForward` binds the static parts (graph definitions, LoRA, the critic's kind) and gives
 the quantities the loss reads (`outputs`), the critic's values and the reference log-probs.

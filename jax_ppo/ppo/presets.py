@@ -190,7 +190,7 @@ HYPERPARAMETER_GUIDE: Mapping[str, GuideEntry] = types.MappingProxyType(
             "Optimizer steps per epoch; must divide batch_size. More minibatches mean more, "
             "noisier updates per rollout.",
         ),
-        "temperature": GuideEntry(
+        "sampling.temperature": GuideEntry(
             0.7,
             1.0,
             0.7,

@@ -111,7 +111,7 @@ class PPOSteps:
     self.config = config
     self.forward = PolicyForward(policy_graphdef=policy_graphdef, value_graphdef=value_graphdef,
                                  shared_value_head=shared_value_head, lora=lora,
-                                 temperature=config.temperature)
+                                 temperature=config.sampling.temperature)
     self.policy_graphdef = policy_graphdef
     self.value_graphdef = value_graphdef
     self.shared_value_head = shared_value_head

@@ -231,11 +231,8 @@ class PPOTrainer(RunStage):
       self.state: TrainState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
     else:
       self.state = place_state(state, self.placement)
-    self.sampling = SamplingConfig(
-        max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
-        top_p=c.top_p, stop_token_ids=tuple(c.stop_token_ids), pad_token_id=c.pad_token_id,
-        n_samples=c.n_samples, batch_buckets=(c.prompts_per_update,),
-    )
+    self.sampling = SamplingConfig.from_params(c.sampling, n_samples=c.n_samples,
+                                               batch_buckets=(c.prompts_per_update,))
     with layer_loop(policy, c.rollout_scan_layers):
       self.sampler = Sampler(policy, self.sampling, memory_budget_bytes=memory_budget_bytes,
                              mesh=mesh)
@@ -254,7 +251,8 @@ class PPOTrainer(RunStage):
     # padding: evaluation's program over the one log-prob path of training
     # (`jax_ppo.ppo.forward`), split over the roles' meshes with a placement.
     self.eval_logprobs = eval_logprobs_program(ppo_steps.forward.eval_logprobs, self.steps,
-                                                self.placement, temperature=c.temperature)
+                                                self.placement,
+                                                temperature=c.sampling.temperature)
     self._eval_samplers: dict[tuple, Sampler] = {}
     self.last_rollout: Rollout | None = None
     self.last_scores: np.ndarray | None = None
@@ -418,11 +416,11 @@ class PPOTrainer(RunStage):
     self.data_position += 1
 
     prompt_len = int(rollout.prompt_ids.shape[1])
-    tokens = c.batch_size * (prompt_len + c.max_new_tokens)
+    tokens = c.batch_size * (prompt_len + c.sampling.max_new_tokens)
     flops = perf.update_flops(
         policy_params=self._param_counts[0], critic_params=self._param_counts[1],
         reward_params=self._param_counts[2], batch=c.batch_size, prompt_len=prompt_len,
-        response_len=c.max_new_tokens, epochs=c.ppo_epochs,
+        response_len=c.sampling.max_new_tokens, epochs=c.ppo_epochs,
         fused_first_epoch=self.steps.fuses_first_epoch,
     )
     total = t_end - t_start
@@ -515,11 +513,11 @@ class PPOTrainer(RunStage):
     sampler = self._eval_samplers.get((greedy, temperature))
     if sampler is None:
       sampling = SamplingConfig(
-          max_new_tokens=self.config.max_new_tokens,
+          max_new_tokens=self.config.sampling.max_new_tokens,
           temperature=1.0 if greedy else temperature,
           greedy=greedy,
-          stop_token_ids=tuple(self.config.stop_token_ids),
-          pad_token_id=self.config.pad_token_id,
+          stop_token_ids=self.config.sampling.stop_token_ids,
+          pad_token_id=self.config.sampling.pad_token_id,
       )
       with layer_loop(self.policy_model(), self.config.rollout_scan_layers) as model:
         sampler = self._eval_samplers[(greedy, temperature)] = Sampler(model, sampling,

@@ -344,12 +344,14 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
 
 
 def ppo_config(cfg: QuickstartConfig, tokenizer):
-  from jax_ppo.ppo import PPOConfig, PPOOptimizer
+  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
 
   return PPOConfig(
       batch_size=cfg.ppo_batch_size, num_minibatches=cfg.ppo_minibatches,
-      ppo_epochs=cfg.ppo_epochs, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-      stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id,
+      ppo_epochs=cfg.ppo_epochs,
+      sampling=PPOSampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                           stop_token_ids=(tokenizer.eos_token_id,),
+                           pad_token_id=tokenizer.pad_token_id),
       missing_eos_penalty=cfg.missing_eos_penalty,
       optimizer=PPOOptimizer(learning_rate=cfg.ppo_learning_rate, lr_schedule="linear"),
       kl_coef=cfg.kl_coef, total_updates=cfg.ppo_updates,

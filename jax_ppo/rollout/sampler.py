@@ -325,7 +325,7 @@ class Sampler:
       for token_id in ids:
         if not 0 <= token_id < vocab:
           raise VocabularyError(
-              f"SamplingConfig.{field} (PPOConfig.{field} in a trainer) holds {token_id}, "
+              f"SamplingConfig.{field} (PPOConfig.sampling.{field} in a trainer) holds {token_id}, "
               f"outside the model's vocabulary of {vocab} ids [0, {vocab}); use ids of the "
               "model's tokenizer (or grow the model with resize_token_embeddings after adding "
               "tokens)."

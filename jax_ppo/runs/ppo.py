@@ -94,8 +94,9 @@ def load_prompts(
   """
   return read_prompts(
       check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
-      max_tokens=max_tokens, max_tokens_note=" (the policy's context minus ppo.max_new_tokens)",
-      too_long_fix="shorten it or lower ppo.max_new_tokens", configurable_fields=False,
+      max_tokens=max_tokens,
+      max_tokens_note=" (the policy's context minus ppo.sampling.max_new_tokens)",
+      too_long_fix="shorten it or lower ppo.sampling.max_new_tokens", configurable_fields=False,
       lazy=lazy)
 
 
@@ -104,8 +105,9 @@ def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
   budget = int(policy_config.max_position_embeddings) - int(max_new_tokens)
   if budget < 1:
     raise ValueError(
-        f"PPOConfig.max_new_tokens={max_new_tokens} leaves no room for a prompt in the policy's "
-        f"context of {policy_config.max_position_embeddings} tokens; lower ppo.max_new_tokens."
+        f"PPOConfig.sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
+        f"policy's context of {policy_config.max_position_embeddings} tokens; lower "
+        "ppo.sampling.max_new_tokens."
     )
   return budget
 
@@ -175,7 +177,7 @@ def build_trainer(
   # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
   tokenizer = load_tokenizer(
       config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
-      extra_eos_ids=(*policy_eos, *config.ppo.stop_token_ids),
+      extra_eos_ids=(*policy_eos, *config.ppo.sampling.stop_token_ids),
   )
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
                            remat=config.remat, mesh=mesh)
@@ -183,18 +185,18 @@ def build_trainer(
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
-  stop_ids = config.ppo.stop_token_ids or tuple(dict.fromkeys(
+  stop_ids = config.ppo.sampling.stop_token_ids or tuple(dict.fromkeys(
       i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
       if i is not None and i != tokenizer.pad_token_id
   ))
   outside = [i for i in stop_ids if not 0 <= i < policy.config.vocab_size]
   if outside:
     raise ValueError(
-        f"RunConfig.ppo.stop_token_ids={tuple(stop_ids)}: id(s) {outside} are outside the "
-        f"policy's vocabulary of {policy.config.vocab_size} tokens; give ids of its tokenizer."
+        f"RunConfig.ppo.sampling.stop_token_ids={tuple(stop_ids)}: id(s) {outside} are outside "
+        f"the policy's vocabulary of {policy.config.vocab_size} tokens; give ids of its tokenizer."
     )
-  ppo = dataclasses.replace(config.ppo, pad_token_id=tokenizer.pad_token_id,
-                            stop_token_ids=tuple(stop_ids))
+  ppo = dataclasses.replace(config.ppo, sampling=dataclasses.replace(
+      config.ppo.sampling, pad_token_id=tokenizer.pad_token_id, stop_token_ids=tuple(stop_ids)))
 
   value_model = None
   first_model = None  # (reward model, scorer) of the first reward model: the critic's start
@@ -237,7 +239,8 @@ def build_trainer(
     set_remat(value_model, config.remat)
   if prompts is None:
     prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
-                           max_tokens=prompt_token_budget(policy.config, ppo.max_new_tokens),
+                           max_tokens=prompt_token_budget(policy.config,
+                                                          ppo.sampling.max_new_tokens),
                            lazy=multi_process())  # (several processes: each its own rows)
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
@@ -346,7 +349,8 @@ def evaluate_run(
   trainer = _bare_trainer(config)
   prompts = load_prompts(
       prompts_path, trainer.tokenizer, field="--prompts",
-      max_tokens=prompt_token_budget(trainer.sampler.model_config, config.ppo.max_new_tokens))
+      max_tokens=prompt_token_budget(trainer.sampler.model_config,
+                                     config.ppo.sampling.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
   raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
   if isinstance(trainer.scorer, CombinedScorer):

@@ -63,8 +63,8 @@ class RunConfig:
   run_dir: str
   """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
   ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
-  """PPO hyperparameters. `ppo.pad_token_id` is taken from the tokenizer; empty
-  `ppo.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
+  """PPO hyperparameters. `ppo.sampling.pad_token_id` is taken from the tokenizer; empty
+  `ppo.sampling.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
   reward_model_path: str | None = None
   """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model."""
   reward_function: str | None = None

@@ -89,9 +89,9 @@ class RewardRunConfig(StageRunConfig):
   normalise_samples: int = 64
   """Prompts sampled (one response each) for the normalisation; fewer when there are fewer."""
   normalise_max_new_tokens: int = 48
-  """Response length limit of those samples (use PPO's `max_new_tokens`)."""
+  """Response length limit of those samples (use PPO's `ppo.sampling.max_new_tokens`)."""
   normalise_temperature: float = 1.0
-  """Sampling temperature of those samples (use PPO's `temperature`)."""
+  """Sampling temperature of those samples (use PPO's `ppo.sampling.temperature`)."""
 
   def __post_init__(self):
     super().__post_init__()

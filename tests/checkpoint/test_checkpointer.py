@@ -16,7 +16,7 @@ from jax_ppo.checkpoint import (
     RunCheckpointer,
     config_differences,
 )
-from jax_ppo.ppo import PPOConfig, PPOOptimizer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
 
 
 class State(struct.PyTreeNode):
@@ -101,22 +101,25 @@ def test_async_save_copies_the_buffers_before_returning(tmp_path):
 
 
 def test_another_config_is_refused_naming_the_fields_and_nothing_is_lost(tmp_path):
-  config = PPOConfig(optimizer=PPOOptimizer(learning_rate=1e-6), stop_token_ids=(2,))
+  config = PPOConfig(optimizer=PPOOptimizer(learning_rate=1e-6),
+                     sampling=PPOSampling(stop_token_ids=(2,)))
   with RunCheckpointer(tmp_path, config=config) as ckpt:
     ckpt.save(1, _state(1), extra={"data_position": 1})
   files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-  other = PPOConfig(optimizer=PPOOptimizer(learning_rate=2e-6), stop_token_ids=(2, 5))
+  other = PPOConfig(optimizer=PPOOptimizer(learning_rate=2e-6),
+                    sampling=PPOSampling(stop_token_ids=(2, 5)))
   with pytest.raises(CheckpointConfigMismatch) as e:
     RunCheckpointer(tmp_path, config=other)
   message = str(e.value)
   assert "optimizer.learning_rate: saved 1e-06, now 2e-06" in message
-  assert "stop_token_ids: saved [2], now [2, 5]" in message
+  assert "sampling.stop_token_ids: saved [2], now [2, 5]" in message
   assert "another directory" in message and "nothing was changed" in message
-  assert [d[0] for d in e.value.differences] == ["optimizer.learning_rate", "stop_token_ids"]
+  assert [d[0] for d in e.value.differences] == ["optimizer.learning_rate",
+                                                  "sampling.stop_token_ids"]
   assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == files
   # Ignored keys may differ; other runs of the same config resume.
-  with RunCheckpointer(tmp_path, config=other,
-                       config_ignore=("optimizer.learning_rate", "stop_token_ids")) as ckpt:
+  ignore = ("optimizer.learning_rate", "sampling.stop_token_ids")
+  with RunCheckpointer(tmp_path, config=other, config_ignore=ignore) as ckpt:
     assert ckpt.restore(like=_state())[1] == {"data_position": 1}
 
 

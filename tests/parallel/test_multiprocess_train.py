@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
                    "name": "rm"}],
       "prompts_path": data["prompts"], "run_dir": str(root / "unused"),
       "ppo": {"batch_size": 8, "n_samples": 2, "advantage_mode": "grpo", "num_minibatches": 1,
-              "ppo_epochs": 1, "max_new_tokens": 4, "total_updates": 3,
+              "ppo_epochs": 1, "sampling": {"max_new_tokens": 4}, "total_updates": 3,
               "optimizer": {"learning_rate": 1e-2}},
       # fsdp spans both processes: parameters, optimizer state and rows are split over them
       "mesh": {"data": 1, "fsdp": 4, "tensor": 2}, "save_every": 1, "log_samples_every": 1,

@@ -18,7 +18,7 @@ from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.parallel import MeshConfig, make_mesh
 from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh
-from jax_ppo.ppo import PPOConfig, PPOOptimizer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
 from jax_ppo.ppo.placed_critic import CriticBatch, CriticPrograms, join, split_state
 from jax_ppo.ppo.placed_steps import PlacedSteps, place_frozen
 from jax_ppo.ppo.state import FrozenParams, init_train_state
@@ -123,7 +123,8 @@ def test_critic_placement_from_the_command_line():
 
 
 @pytest.mark.parametrize("kw, why", [
-    (dict(ppo=PPOConfig(batch_size=8, max_new_tokens=4, advantage_mode="grpo", n_samples=2)),
+    (dict(ppo=PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=4),
+                              advantage_mode="grpo", n_samples=2)),
      "ppo.advantage_mode='grpo' has no critic"),
     (dict(reward_model_path=None, reward_function="length"),
      "without value_model_path or a reward model to start it from, the critic is a value head"),
@@ -163,7 +164,7 @@ def test_a_value_head_cannot_be_split():
   with pytest.raises(ValueError, match="placement.critic gives the critic its own devices, but "
                                        "this run has no separate critic model"):
     place_frozen(frozen, placement)
-  config = PPOConfig(batch_size=8, max_new_tokens=4)
+  config = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=4))
   optimizer, schedule = make_optimizer(config.optimizer, config.total_optimizer_steps)
   apart = PPOSteps(config, policy_graphdef=None, value_graphdef=None, shared_value_head=True,
                    lora=False, optimizer=optimizer, schedule=schedule, critic_apart=True)
@@ -181,7 +182,7 @@ def test_split_state_round_trip():
   model = ModelConfig(model_type="llama", vocab_size=16, hidden_size=8, intermediate_size=16,
                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
                       max_position_embeddings=16)
-  config = PPOConfig(batch_size=8, max_new_tokens=4)
+  config = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=4))
   optimizer, _ = make_optimizer(config.optimizer, config.total_optimizer_steps)
   policy = {"w": jax.numpy.ones((3,))}
   value = nnx.split(ScalarModel(model, rngs=nnx.Rngs(0)), nnx.Param, ...)[1]
@@ -205,7 +206,8 @@ def _critic_programs(**ppo):
   model = ModelConfig(model_type="llama", vocab_size=16, hidden_size=8, intermediate_size=16,
                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
                       max_position_embeddings=16)
-  config = PPOConfig(batch_size=8, max_new_tokens=4, num_minibatches=2, ppo_epochs=2,
+  config = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=4), num_minibatches=2,
+                     ppo_epochs=2,
                      optimizer=PPOOptimizer(learning_rate=1e-2), **ppo)
   optimizer, schedule = make_optimizer(config.optimizer, config.total_optimizer_steps)
   graphdef, value, rest = nnx.split(ScalarModel(model, rngs=nnx.Rngs(0)), nnx.Param, ...)

@@ -5,7 +5,7 @@ import numpy as np
 
 from jax_ppo.data import PromptDataset
 from jax_ppo.models.config import ModelConfig
-from jax_ppo.ppo import PPOConfig, PPOOptimizer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
 
 EOS, PAD, TARGET = 2, 0, 7
 MODEL = ModelConfig(
@@ -13,8 +13,9 @@ MODEL = ModelConfig(
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
 )
 CONFIG = PPOConfig(
-    batch_size=8, num_minibatches=2, ppo_epochs=2, max_new_tokens=6, temperature=1.0,
-    stop_token_ids=(EOS,), pad_token_id=PAD,
+    batch_size=8, num_minibatches=2, ppo_epochs=2,
+    sampling=PPOSampling(max_new_tokens=6, temperature=1.0, stop_token_ids=(EOS,),
+                         pad_token_id=PAD),
     optimizer=PPOOptimizer(learning_rate=3e-3, lr_schedule="constant"),
     kl_coef=0.01, vf_coef=0.5, total_updates=40, reward_clip=None,
 )

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from jax_ppo.models import PadTokenError  # noqa: E402
-from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
 
@@ -43,7 +43,8 @@ def folders(tmp_path_factory):
 
 
 def _config(root, **kwargs):
-  ppo = dict(batch_size=4, num_minibatches=1, ppo_epochs=1, max_new_tokens=4, total_updates=2,
+  ppo = dict(batch_size=4, num_minibatches=1, ppo_epochs=1,
+             sampling=PPOSampling(max_new_tokens=4), total_updates=2,
              optimizer=PPOOptimizer(learning_rate=1e-3))
   return run_config.RunConfig(
       policy_path=str(root / "policy"), reward_model_path=str(root / "reward"),
@@ -65,8 +66,8 @@ def test_no_pad_token_is_one_error_naming_the_fixes(folders):
 def test_configured_existing_pad_token_needs_no_resize(folders):
   trainer = run.build_trainer(_config(folders, pad_token="and"), open_run=False)
   try:
-    assert trainer.config.pad_token_id == 1 + WORDS.index("and")
-    assert trainer.config.stop_token_ids == (0,)
+    assert trainer.config.sampling.pad_token_id == 1 + WORDS.index("and")
+    assert trainer.config.sampling.stop_token_ids == (0,)
     assert trainer.sampler.model_config.vocab_size == 1 + len(WORDS)
   finally:
     trainer.close()
@@ -78,7 +79,7 @@ def test_resize_embeddings_grows_policy_reward_and_critic_and_trains(folders):
   v = 1 + len(WORDS)
   trainer = run.build_trainer(_config(folders, resize_embeddings=True, name="resized"))
   try:
-    assert trainer.tokenizer.pad_token == "<|pad|>" and trainer.config.pad_token_id == v
+    assert trainer.tokenizer.pad_token == "<|pad|>" and trainer.config.sampling.pad_token_id == v
     assert trainer.sampler.model_config.vocab_size == v + 1
     reward_embed = trainer.frozen.reward["decoder"]["embed"]["embedding"]
     assert reward_embed.shape[0] == v + 1

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from jax_ppo.config_io import config_from_dict
-from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.ppo.config import PPOConfig, PPOSampling
 from jax_ppo.ppo.presets import (
   HYPERPARAMETER_GUIDE,
   PRESETS,
@@ -79,7 +79,7 @@ def test_guide_covers_the_required_fields():
       "ppo_epochs",
       "batch_size",
       "num_minibatches",
-      "temperature",
+      "sampling.temperature",
       "optimizer.max_grad_norm",
       "target_kl",
       "kl_target",
@@ -93,7 +93,7 @@ def test_guide_covers_the_required_fields():
   assert HYPERPARAMETER_GUIDE["clip_eps"][:2] == (0.1, 0.3)
   assert HYPERPARAMETER_GUIDE["kl_coef"][:2] == (0.01, 0.2)
   assert HYPERPARAMETER_GUIDE["gamma"][:3] == (1.0, 1.0, 1.0)
-  assert HYPERPARAMETER_GUIDE["temperature"][:2] == (0.7, 1.0)
+  assert HYPERPARAMETER_GUIDE["sampling.temperature"][:2] == (0.7, 1.0)
 
 
 def test_defaults_pass_the_check():
@@ -125,7 +125,8 @@ def test_lora_widens_the_learning_rate_range():
 
 
 def test_none_and_non_numeric_values_are_ignored():
-  assert check_against_guide({"target_kl": None, "temperature": "hot", "clip_eps": True}) == []
+  assert check_against_guide({"target_kl": None, "sampling.temperature": "hot",
+                              "clip_eps": True}) == []
 
 
 def test_minibatches_must_divide_batch():
@@ -149,6 +150,8 @@ def test_accepts_a_config_dataclass():
     name: str = "x"
 
   assert [a.split("=")[0] for a in check_against_guide(Config())] == ["optimizer.learning_rate"]
+  cold = check_against_guide(PPOConfig(sampling=PPOSampling(temperature=0.3)))
+  assert "sampling.temperature=0.3" in [a.split(" is ")[0] for a in cold]
   with pytest.raises(TypeError):
     check_against_guide([("optimizer.learning_rate", 1.0)])
 

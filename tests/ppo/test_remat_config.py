@@ -11,7 +11,7 @@ from flax import nnx
 pytest.importorskip("torch", reason="torch builds the tiny Hugging Face models")
 
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, Decoder, set_remat  # noqa: E402
-from jax_ppo.ppo import PPOConfig, PPOOptimizer  # noqa: E402
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.ppo.batch import batch_view  # noqa: E402
 from jax_ppo.ppo.loss import coefficients  # noqa: E402
 from jax_ppo.rollout.sampler import Rollout  # noqa: E402
@@ -28,8 +28,9 @@ def folders(tmp_path_factory):
 
 
 def _config(folders, **kwargs):
-  ppo = PPOConfig(batch_size=4, num_minibatches=1, ppo_epochs=1, max_new_tokens=4,
-                      total_updates=2, optimizer=PPOOptimizer(learning_rate=1e-3))
+  ppo = PPOConfig(batch_size=4, num_minibatches=1, ppo_epochs=1,
+                  sampling=PPOSampling(max_new_tokens=4), total_updates=2,
+                  optimizer=PPOOptimizer(learning_rate=1e-3))
   return run_config.RunConfig(
       policy_path=folders["policy"], reward_model_path=folders["reward"],
       prompts_path=folders["prompts"], run_dir=str(folders["root"] / "run"), progress=False,

@@ -62,7 +62,8 @@ def _hand_logprobs(trainer: PPOTrainer, params, batch, temperature: float) -> np
 @pytest.mark.slow  # ~20 s: two updates of the trainer, compiled
 def test_trainer_at_temperature_0_7_divides_every_logprob_by_t():
   temp = 0.7
-  config = dataclasses.replace(CONFIG, temperature=temp)
+  config = dataclasses.replace(
+      CONFIG, sampling=dataclasses.replace(CONFIG.sampling, temperature=temp))
   trainer = _trainer(config)
   assert not trainer.steps.fuses_first_epoch  # `experience`, then `update` on 2 minibatches
   first = trainer.step()  # the policy moves away from the reference

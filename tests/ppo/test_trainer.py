@@ -199,7 +199,7 @@ def test_python_reward_function_and_bad_reward_values():
         ({"gradient_accumulation_steps": 3}, "gradient_accumulation_steps"),
         ({"clip_eps": 0.0}, "clip_eps"),
         ({"lam": 1.5}, "lam"),
-        ({"stop_token_ids": (0,), "pad_token_id": 0}, "pad_token_id"),
+        ({"sampling": {"temperature": 1.0}}, "sampling"),
         ({"kl_estimator": "k4"}, "kl_estimator"),
         ({"dual_clip": 0.5}, "dual_clip"),
         ({"optimizer": {"learning_rate": 1e-6}}, "optimizer"),

@@ -373,7 +373,7 @@ def test_trainer_mfu_against_a_hand_count():
   assert perf.count_params(trainer.state.policy) + perf.count_params(
       trainer.frozen.policy_rest) == n
   m = trainer.step()
-  tokens = config.batch_size * (int(m["rollout/prompt_len"]) + config.max_new_tokens)
+  tokens = config.batch_size * (int(m["rollout/prompt_len"]) + config.sampling.max_new_tokens)
   # One minibatch: the first epoch's forward also gives the old log-probs, so the forward-only
   # passes are the rollout and the reference (no critic model, no reward model); trained: the
   # policy with its value head, 6N per token per epoch.
@@ -381,7 +381,7 @@ def test_trainer_mfu_against_a_hand_count():
   hand = 2 * (2 * n * tokens) + config.ppo_epochs * 6 * n * tokens
   assert perf.update_flops(
       policy_params=n, critic_params=0, reward_params=0, batch=config.batch_size,
-      prompt_len=int(m["rollout/prompt_len"]), response_len=config.max_new_tokens,
+      prompt_len=int(m["rollout/prompt_len"]), response_len=config.sampling.max_new_tokens,
       epochs=config.ppo_epochs, fused_first_epoch=True,
   ) == hand
   assert m["mfu"] == pytest.approx(hand / m["time/total_s"] / 1e9, rel=1e-9)

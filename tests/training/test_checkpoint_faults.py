@@ -147,8 +147,9 @@ def test_cli_resume_after_the_policy_changed_shape_prints_one_error(tmp_path, ca
       "policy_path": str(tmp_path / "policy"), "prompts_path": str(tmp_path / "prompts.txt"),
       "reward_function": "length", "run_dir": str(tmp_path / "run"), "save_every": 1,
       "progress": False,
-      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
-              "total_updates": 2, "optimizer": {"learning_rate": 1e-3}},
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
+              "sampling": {"max_new_tokens": 4}, "total_updates": 2,
+              "optimizer": {"learning_rate": 1e-3}},
   }))
   command = ["train", str(tmp_path / "run.yaml"), "updates_per_run=1"]
   assert main(command) == 0

@@ -79,8 +79,9 @@ def _config(files, name: str) -> pathlib.Path:
       "log_samples_every": 0,
       "progress": False,
       "tensorboard": False,
-      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1, "max_new_tokens": 4,
-              "total_updates": 40, "optimizer": {"learning_rate": 1e-3}, "temperature": 1.0,
+      "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
+              "sampling": {"max_new_tokens": 4, "temperature": 1.0},
+              "total_updates": 40, "optimizer": {"learning_rate": 1e-3},
               "replay_buffer_size": 2, "replay_batches_per_update": 1},
   }
   path = files / f"{name}.yaml"

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import yaml
 from flax import nnx
 
 from jax_ppo.checkpoint import CheckpointConfigMismatch
-from jax_ppo.config_io import load_config, save_config
+from jax_ppo.config_io import config_to_dict, load_config, save_config
 from jax_ppo.data import PromptDataset
 from jax_ppo.models import LoRAConfig, add_lora, from_pretrained, merge_lora
 from jax_ppo.models.transformer import CausalLM
@@ -102,17 +103,23 @@ def test_resume_in_a_new_trainer_equals_the_uninterrupted_run(tmp_path):
   assert sorted(int(p.name) for p in (run / "checkpoints").iterdir()) == [2, 4]  # keep_last=2
 
 
-def _flat_optimizer(config: dict) -> dict:
-  """A saved `PPOConfig` dict as written before the optimizer block (its keys flat)."""
+def _flat(config: dict, block: str) -> dict:
+  """A saved `PPOConfig` dict as written before `block` existed (its keys flat)."""
   config = dict(config)
-  config.update(config.pop("optimizer"))
+  config.update(config.pop(block))
   return config
 
 
-def test_a_run_folder_written_before_the_optimizer_block_resumes(tmp_path):
-  """Checkpoints whose saved config has the old flat keys (`learning_rate`, ...) resume as the
-  same run (`config_io.migrate_keys`); a changed learning rate is still refused by its new
-  key."""
+# A field of each block, a changed value and how the mismatch names it.
+CHANGED = {"optimizer": ("learning_rate", 1e-3, "optimizer.learning_rate: saved 0.003"),
+           "sampling": ("temperature", 0.5, "sampling.temperature: saved 1.0, now 0.5")}
+
+
+@pytest.mark.parametrize("block", ["optimizer", "sampling"])
+def test_a_run_folder_written_before_a_block_resumes(tmp_path, block):
+  """Checkpoints whose saved config has the old flat keys (`learning_rate`, `temperature`, ...)
+  resume as the same run (`config_io.migrate_keys`), and so does a folder whose config.yaml has
+  them and no checkpoint yet; a changed value is still refused by its new key."""
   opts = RunOptions(save_every=1, progress=False, tensorboard=False, log_samples_every=0)
   with _trainer(run_dir=tmp_path, run_options=opts) as trainer:
     trainer.train(1)
@@ -125,17 +132,26 @@ def test_a_run_folder_written_before_the_optimizer_block_resumes(tmp_path):
     except (UnicodeDecodeError, ValueError):
       continue
     if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
-      meta["config"] = _flat_optimizer(meta["config"])
+      meta["config"] = _flat(meta["config"], block)
       path.write_text(json.dumps(meta))
       rewritten += 1
   assert rewritten == 1
   with _trainer(run_dir=tmp_path, run_options=opts) as resumed:
     assert resumed.step_count == 1
     assert resumed.train(1)[0]["step"] == 2
+  field, value, message = CHANGED[block]
   changed = dataclasses.replace(
-      CONFIG, optimizer=dataclasses.replace(CONFIG.optimizer, learning_rate=1e-3))
-  with pytest.raises(CheckpointConfigMismatch, match="optimizer.learning_rate: saved 0.003"):
+      CONFIG, **{block: dataclasses.replace(getattr(CONFIG, block), **{field: value})})
+  with pytest.raises(CheckpointConfigMismatch, match=message):
     _trainer(config=changed, run_dir=tmp_path, run_options=opts)
+  # A run that stopped before its first checkpoint: its config.yaml alone, with the flat keys.
+  early = tmp_path / "early"
+  early.mkdir()
+  (early / "config.yaml").write_text(yaml.safe_dump(_flat(config_to_dict(CONFIG), block)))
+  with pytest.raises(CheckpointConfigMismatch, match=message):
+    _trainer(config=changed, run_dir=early, run_options=opts)
+  with _trainer(run_dir=early, run_options=opts) as resumed:
+    assert resumed.step_count == 0
 
 
 def test_resuming_with_another_config_names_the_fields_and_keeps_everything(tmp_path):

@@ -33,7 +33,7 @@ from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
-from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
 from jax_ppo.ppo.placed_critic import split_state
 from jax_ppo.ppo.placed_steps import PlacedSteps
 
@@ -50,7 +50,8 @@ def placements():
 
 
 def build(mode: str, placement):
-  common = dict(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,), pad_token_id=PAD,
+  common = dict(sampling=PPOSampling(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,),
+                                    pad_token_id=PAD),
                 total_updates=4, reward_clip=None,
                 kl_controller="adaptive", kl_target=0.01, kl_horizon=10, vf_coef=0.5)
   opt = dict(learning_rate=1e-3, lr_schedule="constant")

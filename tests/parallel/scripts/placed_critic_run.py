@@ -38,8 +38,8 @@ save_every: 1
 plots: false
 tensorboard: false
 progress: false
-ppo: {{batch_size: 8, num_minibatches: 2, ppo_epochs: 1, max_new_tokens: 4, total_updates: 2,
-      optimizer: {{learning_rate: 1.0e-2}}}}
+ppo: {{batch_size: 8, num_minibatches: 2, ppo_epochs: 1, sampling: {{max_new_tokens: 4}},
+      total_updates: 2, optimizer: {{learning_rate: 1.0e-2}}}}
 mesh: {{data: 2, fsdp: 2}}
 placement:
   policy_devices: [0, 4]
@@ -69,7 +69,7 @@ def main():
   step = trainer.load_checkpoint(root / "run")
   policy_state, value_opt, _ = split_state(trainer.state)
   prompts = [trainer.dataset.batch(0, 4)[0][i] for i in range(4)]
-  prompts = [np.asarray(p)[np.asarray(p) != trainer.config.pad_token_id].tolist()
+  prompts = [np.asarray(p)[np.asarray(p) != trainer.config.sampling.pad_token_id].tolist()
              for p in prompts]
   split_eval = trainer.evaluate(prompts)
   program = trainer.eval_logprobs

@@ -32,7 +32,7 @@ from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.parallel import MeshConfig, shard_params
 from jax_ppo.parallel.placement import PlacementConfig, RoleMesh, make_placement
-from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
 from jax_ppo.ppo.placed_steps import PlacedSteps
 from jax_ppo.ppo.steps import PPOSteps
 
@@ -48,7 +48,8 @@ def placements():
 
 
 def build(mode: str, placement):
-  common = dict(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,), pad_token_id=PAD,
+  common = dict(sampling=PPOSampling(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,),
+                                    pad_token_id=PAD),
                 optimizer=PPOOptimizer(learning_rate=1e-2, lr_schedule="constant"),
                 total_updates=4, reward_clip=None)
   rm = ScalarModel(MODEL, rngs=nnx.Rngs(5))

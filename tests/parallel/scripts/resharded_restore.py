@@ -50,7 +50,7 @@ def train(root: pathlib.Path) -> dict:
   data = tiny_hf_run.write_data(root)
   argv = ["train", f"policy_path={policy}", f"reward_model_path={reward}",
           f"prompts_path={data['prompts']}", f"run_dir={root / 'run'}", "ppo.batch_size=8",
-          "ppo.num_minibatches=2", "ppo.ppo_epochs=1", "ppo.max_new_tokens=4",
+          "ppo.num_minibatches=2", "ppo.ppo_epochs=1", "ppo.sampling.max_new_tokens=4",
           "ppo.total_updates=3", "ppo.optimizer.learning_rate=1e-2", "updates_per_run=2",
           "save_every=1",
           "plots=false", "tensorboard=false", "progress=false", "mesh.data=2", "mesh.fsdp=2",

@@ -20,12 +20,13 @@ from tiny_setup import MODEL, PAD, TARGET, count_target, max_abs_diff, one_updat
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.parallel import MeshConfig, make_mesh, shard_batch
-from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOTrainer
+from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
 from jax_ppo.rewards.scorers import TokenScorer
 
 
 def build(mode: str, mesh):
-  common = dict(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,), pad_token_id=PAD,
+  common = dict(sampling=PPOSampling(max_new_tokens=6, temperature=1.0, stop_token_ids=(TARGET,),
+                                    pad_token_id=PAD),
                 optimizer=PPOOptimizer(learning_rate=1e-2, lr_schedule="constant"),
                 total_updates=4, reward_clip=None)
   if mode == "gae":
