@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jax_ppo import core
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.rollout.sampler import Rollout
 
@@ -68,13 +69,18 @@ def batch_view(rollout: Rollout) -> Batch:
 def process_scores(config: PPOConfig, raw_scores: Array, rollout: Rollout) -> Array:
   """Reward-model scores -> training scores `[B]` (items 7 and 16).
 
-  `clip((raw - shift) * scale, ±reward_clip) - length_penalty * length`, then the missing-EOS
+  `clip((raw - shift) * scale, ±reward_clip) - length_penalty * length`, plus DAPO's overlong
+  shaping (`core.overlong_penalty`, when `overlong_cache_length` is set), then the missing-EOS
   penalty replaces the score of responses without a stop token.
   """
   s = (jnp.asarray(raw_scores, jnp.float32) - config.reward_shift) * config.reward_scale
   if config.reward_clip is not None:
     s = jnp.clip(s, -config.reward_clip, config.reward_clip)
   s = s - config.length_penalty * rollout.response_lengths.astype(jnp.float32)
+  if config.overlong_cache_length is not None:
+    s = s + core.overlong_penalty(
+        rollout.response_lengths, max_length=config.sampling.max_new_tokens,
+        cache_length=config.overlong_cache_length, penalty=config.overlong_penalty)
   if config.missing_eos_penalty is not None and config.sampling.stop_token_ids:
     s = jnp.where(rollout.has_stop, s, config.missing_eos_penalty)
   return s

@@ -15,13 +15,16 @@ import math
 import numbers
 from typing import ClassVar
 
-from jax_ppo.core import KL_ESTIMATORS, REDUCTIONS
+from jax_ppo.core import CORRECTION_LEVELS, CORRECTION_MODES, KL_ESTIMATORS, REDUCTIONS
 from jax_ppo.ppo.advantages import ADVANTAGE_FNS, CRITIC_MODES, GROUP_MODES
+from jax_ppo.ppo.policy_losses import POLICY_LOSS_FNS, SEQUENCE_LEVEL_LOSSES
 from jax_ppo.rollout.config import SamplingParams
 from jax_ppo.training.optim import OptimizerConfig
 
 ADVANTAGE_MODES = tuple(ADVANTAGE_FNS)
 """The advantage modes: the keys of `jax_ppo.ppo.advantages.ADVANTAGE_FNS`."""
+POLICY_LOSSES = tuple(POLICY_LOSS_FNS)
+"""The policy losses: the keys of `jax_ppo.ppo.policy_losses.POLICY_LOSS_FNS`."""
 KL_CONTROLLERS = ("fixed", "adaptive", "multiplicative")
 GRPO_SCALES = ("group", "batch", "none")
 
@@ -109,6 +112,12 @@ class PPOConfig:
   None keeps the reward model's score."""
   length_penalty: float = 0.0
   """Subtracted from the score per response token, against length reward hacking."""
+  overlong_cache_length: int | None = None
+  """DAPO's overlong reward shaping (`core.overlong_penalty`): over the last this many tokens
+  before `sampling.max_new_tokens` the score falls linearly by up to `overlong_penalty`; None
+  disables it."""
+  overlong_penalty: float = 1.0
+  """The penalty at `sampling.max_new_tokens` of the overlong shaping (DAPO: 1.0)."""
 
   # --- rewards (items 8, 16) ---
   reward_scale: float = 1.0
@@ -169,8 +178,22 @@ class PPOConfig:
   """Entropy weight reached after `total_updates` updates: update `n` (0-based) uses
   `entropy_coef + (entropy_coef_final - entropy_coef) * n / total_updates`, so the last update
   is one step short of it. None keeps the weight constant."""
+  policy_loss: str = "ppo"
+  """"ppo" (the clipped surrogate), "gspo" (sequence-level ratio; clip ranges such as 3e-4 /
+  4e-4) or "cispo" (clipped stop-gradient weight, bounded above by `clip_eps_high`, else
+  `clip_eps`): a key of `jax_ppo.ppo.policy_losses.POLICY_LOSS_FNS`."""
   loss_reduction: str = "token-mean"
-  """"token-mean", "seq-mean-token-mean" or "seq-mean-token-sum"."""
+  """"token-mean", "seq-mean-token-mean", "seq-mean-token-sum" or "token-sum-norm" (Dr. GRPO:
+  the masked sum over B x T, with `grpo_scale="none"`)."""
+  rollout_correction_level: str | None = None
+  """Correct the policy loss for the sampler's log-probs differing from the trainer's
+  (`core.rollout_correction_weights`): "token" or "sequence" importance weights of the trainer's
+  old log-probs over the sampler's, which multiply each token's loss (through its advantage);
+  None: off. The sampler-trainer KL is logged either way (`rollout_correction/kl`)."""
+  rollout_correction_mode: str = "truncate"
+  """"truncate" (TIS: `min(w, cap)`) or "mask" (drop tokens or sequences with `w > cap`)."""
+  rollout_correction_cap: float = 2.0
+  """The cap of the rollout-correction weights (> 0)."""
   target_kl: float | None = None
   """Stop the remaining epochs of an update once the epoch's mean approximate KL exceeds this."""
 
@@ -236,6 +259,8 @@ class PPOConfig:
         ("kl_loss_estimator", KL_ESTIMATORS),
         ("loss_reduction", REDUCTIONS),
         ("grpo_scale", GRPO_SCALES),
+        ("policy_loss", POLICY_LOSSES),
+        ("rollout_correction_mode", CORRECTION_MODES),
     ):
       if getattr(self, field) not in choices:
         bad(field, f"choose one of {choices}")
@@ -265,6 +290,27 @@ class PPOConfig:
       bad("dual_clip", "use a value > 1 (e.g. 3.0) or None")
     if self.value_clip_eps is not None and not self.value_clip_eps > 0:
       bad("value_clip_eps", "use a value > 0 or None")
+    sequence_loss = self.policy_loss in SEQUENCE_LEVEL_LOSSES
+    if (sequence_loss and self.gradient_accumulation_steps > 1
+        and self.loss_reduction not in ("seq-mean-token-mean", "seq-mean-token-sum")):
+      bad("loss_reduction", f"policy_loss={self.policy_loss!r} averages over sequences, so with "
+                            "gradient_accumulation_steps > 1 the other terms must too: use "
+                            "'seq-mean-token-mean'")
+    if self.rollout_correction_level not in (None, *CORRECTION_LEVELS):
+      bad("rollout_correction_level", f"choose one of {CORRECTION_LEVELS} or None (off)")
+    if sequence_loss and self.rollout_correction_level == "token":
+      bad("rollout_correction_level", f"policy_loss={self.policy_loss!r} has one ratio per "
+                                      "sequence: use 'sequence'")
+    if not self.rollout_correction_cap > 0:
+      bad("rollout_correction_cap", "use a value > 0 (e.g. 2.0)")
+    if self.overlong_cache_length is not None and (
+        isinstance(self.overlong_cache_length, bool)
+        or not isinstance(self.overlong_cache_length, int)
+        or not 1 <= self.overlong_cache_length <= self.sampling.max_new_tokens):
+      bad("overlong_cache_length", f"use an int in [1, sampling.max_new_tokens = "
+                                   f"{self.sampling.max_new_tokens}] or None (off)")
+    if not self.overlong_penalty >= 0:
+      bad("overlong_penalty", "use a value >= 0")
     for field in ("train_scan_layers", "rollout_scan_layers"):
       value = getattr(self, field)
       if value is not None and not isinstance(value, bool):

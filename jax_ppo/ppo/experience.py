@@ -74,6 +74,28 @@ def make_batch(
   inputs = AdvantageInputs(rewards=rewards, seq_rewards=scores - beta_in_reward * seq_kl,
                            values=values, mask=mask)
   advantages, returns = ADVANTAGE_FNS[c.advantage_mode](inputs, c)
+  # Rollout correction: the sampler drew the tokens, the trainer's old log-probs are the
+  # behaviour policy; the loss of each token is weighted by their ratio, through its advantage
+  # (every policy loss is linear in A with a non-negative weight).
+  mismatch = jnp.where(mask, old_logprobs - rollout.logprobs, 0.0)
+  correction_metrics = {
+      # KL(sampler || trainer) per token, k3 estimate on the sampler's own tokens.
+      "rollout_correction/kl": core.masked_mean(jnp.expm1(mismatch) - mismatch, mask),
+  }
+  if c.rollout_correction_level is not None:
+    weights = core.rollout_correction_weights(
+        old_logprobs, rollout.logprobs, mask, cap=c.rollout_correction_cap,
+        level=c.rollout_correction_level, mode=c.rollout_correction_mode)
+    advantages = advantages * weights
+    if c.rollout_correction_mode == "mask":
+      correction_metrics["rollout_correction/masked_frac"] = core.masked_mean(weights == 0, mask)
+    else:
+      uncapped = core.rollout_correction_weights(
+          old_logprobs, rollout.logprobs, mask, cap=float("inf"),
+          level=c.rollout_correction_level)
+      correction_metrics["rollout_correction/truncated_frac"] = core.masked_mean(
+          weights < uncapped, mask)
+    correction_metrics["rollout_correction/weight_mean"] = core.masked_mean(weights, mask)
 
   batch = view.replace(
       old_logprobs=old_logprobs,
@@ -101,6 +123,7 @@ def make_batch(
       "rollout/logprob_mismatch": core.masked_mean(
           jnp.abs(rollout.logprobs - old_logprobs), mask
       ),
+      **correction_metrics,
   }
   if c.uses_critic:
     metrics["val/explained_variance"] = core.explained_variance(values, returns, mask)

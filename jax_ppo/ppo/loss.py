@@ -1,9 +1,9 @@
 """The PPO loss of one microbatch from the models' outputs (PureJaxRL's `_loss_fn`).
 
-    loss = L_clip(ratio, A) - c_H(n) * H + [beta * KL(pi || pi_ref)] + [vf_coef * L_V]
+    loss = L_pg(ratio, A) - c_H(n) * H + [beta * KL(pi || pi_ref)] + [vf_coef * L_V]
 
-with `ratio = exp(logprobs - old_logprobs)`, the clipped surrogate `L_clip`
-(`core.ppo_policy_loss`: `clip_eps`, DAPO's `clip_eps_high`, `dual_clip`), the entropy bonus
+with `ratio = exp(logprobs - old_logprobs)`, the policy loss `L_pg` named by `policy_loss`
+(`jax_ppo.ppo.policy_losses`: PPO's clipped surrogate, GSPO or CISPO), the entropy bonus
 `H` at the scheduled coefficient `c_H(n)`, the KL to the reference as a loss term when it does
 not enter the reward (GRPO style, `kl_loss_estimator`), and the clipped value loss when a critic
 trains in the same program (`core.ppo_value_loss`). Every term is reduced over the microbatch's
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from jax_ppo import core
 from jax_ppo.ppo.batch import Batch
+from jax_ppo.ppo.policy_losses import POLICY_LOSS_FNS
 from jax_ppo.ppo.state import TrainState
 
 Array = jax.Array
@@ -64,16 +65,13 @@ def micro_loss(config: Any, out: dict[str, Array], mb: Batch, weight: Array | fl
   c = config
   mask = mb.response_mask
   logprobs = out["logprobs"]
-  pg_loss, pg = core.ppo_policy_loss(
-      logprobs, mb.old_logprobs, mb.advantages, mask, clip_eps=c.clip_eps,
-      clip_eps_high=c.clip_eps_high, dual_clip=c.dual_clip, reduction=c.loss_reduction,
-  )
+  pg_loss, pg = POLICY_LOSS_FNS[c.policy_loss](c, logprobs, mb)
   entropy = core.aggregate_loss(out["entropy"], mask, c.loss_reduction)
   loss = pg_loss - coefs["entropy"] * entropy
   metrics = {
       "policy/approxkl_avg": pg["approx_kl"],
       "policy/clipfrac_avg": pg["clipfrac"],
-      "policy/dual_clipfrac_avg": pg["dual_clipfrac"],
+      "policy/dual_clipfrac_avg": pg.get("dual_clipfrac", jnp.zeros((), jnp.float32)),
       "loss/policy_avg": pg_loss,
       "policy/entropy_avg": entropy,
       "val/ratio": pg["ratio_mean"],
@@ -104,10 +102,13 @@ def loss_shares(config: Any, mask_mb: Array) -> Array:
   """`[A, M, T]` masks of A microbatches -> each microbatch's share `[A]` of the minibatch loss.
 
   Token-mean losses are normalised by the minibatch's token count (not per microbatch,
-  item 18); sequence-level reductions by its count of non-empty rows.
+  item 18); sequence-level reductions by its count of non-empty rows; "token-sum-norm" (a sum
+  over the padded `rows x T` slots) by its count of rows, empty or not.
   """
   if config.loss_reduction == "token-mean":
     per_micro = jnp.sum(mask_mb, axis=(1, 2)).astype(jnp.float32)
+  elif config.loss_reduction == "token-sum-norm":
+    per_micro = jnp.full(mask_mb.shape[:1], float(mask_mb.shape[1]), jnp.float32)
   else:
     per_micro = jnp.sum(jnp.any(mask_mb, axis=2), axis=1).astype(jnp.float32)
   total = jnp.sum(per_micro)
