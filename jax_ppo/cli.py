@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
       "train", help="train a policy, or resume the run in run_dir",
       description="Train (or resume) a run. CONFIG is a YAML/JSON RunConfig; key=value "
                   "arguments override its fields, e.g. ppo.optimizer.learning_rate=1e-6 "
-                  "preset=dialogue updates_per_run=100.",
+                  "preset=dialogue run.updates_per_run=100.",
   )
   train.add_argument("args", nargs="*", metavar="CONFIG | key=value")
 

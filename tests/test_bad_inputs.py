@@ -71,8 +71,8 @@ def files(tmp_path_factory):
   (root / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
   cfg = {
       "policy_path": str(root / "policy"), "reward_function": "length",
-      "prompts_path": str(root / "prompts.txt"), "run_dir": str(root / "run"), "save_every": 1,
-      "log_samples_every": 1, "progress": False, "tensorboard": False,
+      "prompts_path": str(root / "prompts.txt"), "run_dir": str(root / "run"),
+      "run": {"save_every": 1, "log_samples_every": 1, "progress": False, "tensorboard": False},
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
               "sampling": {"max_new_tokens": MAX_NEW, "temperature": 1.0},
               "total_updates": 2, "optimizer": {"learning_rate": 1e-3}},
@@ -357,7 +357,7 @@ def test_reward_model_with_its_own_tokenizer_scores_its_own_ids(files, tmp_path)
   run_dir = tmp_path / "run"
   config = run_config.load_run_config([
       str(files / "run.yaml"), f"run_dir={run_dir}", "reward_function=null",
-      f"reward_model_path={files / 'reward'}", "updates_per_run=1",
+      f"reward_model_path={files / 'reward'}", "run.updates_per_run=1",
   ])
   history = run.run_training(config)
   assert len(history) == 1
@@ -405,7 +405,7 @@ def test_a_nan_reward_stops_the_run_naming_the_row_and_prompt(files, tmp_path, c
                                                               user_rewards):
   status = main(["train", str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}",
                  f"reward_function={user_rewards}:nan_for_the_actor", "ppo.batch_size=8",
-                 "prompts_path=" + str(files / "prompts.txt"), "save_every=1"])
+                 "prompts_path=" + str(files / "prompts.txt"), "run.save_every=1"])
   err = capsys.readouterr().err
   assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
   # Prompts are shuffled: the actor's prompt is at some rows; every one of them is named.
@@ -428,7 +428,7 @@ def test_an_exception_in_the_reward_function_keeps_its_traceback(files, tmp_path
 @pytest.mark.slow
 def test_a_module_reward_trains_end_to_end(files, tmp_path, capsys, user_rewards):
   run_dir = tmp_path / "run"
-  assert main(["train", str(files / "run.yaml"), f"run_dir={run_dir}", "updates_per_run=1",
+  assert main(["train", str(files / "run.yaml"), f"run_dir={run_dir}", "run.updates_per_run=1",
                f"reward_function={user_rewards}:words"]) == 0
   samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
   assert [s["reward"] for s in samples] == [float(len(s["response"].split())) for s in samples]

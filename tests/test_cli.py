@@ -4,6 +4,7 @@ A tiny random GPT-2 policy, a tiny GPT-2 SequenceClassification reward model and
 tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
 """
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -17,12 +18,15 @@ torch = pytest.importorskip("torch", reason="torch builds the tiny Hugging Face 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from jax_ppo.checkpoint import CheckpointConfigMismatch, check_config  # noqa: E402
 from jax_ppo.cli import main  # noqa: E402
+from jax_ppo.config_io import config_to_dict  # noqa: E402
 from jax_ppo.models import from_pretrained  # noqa: E402
 from jax_ppo.ppo import PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.rewards import specs  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
+from jax_ppo.runs.common import PPO_RUN_FIELDS, PPORunFolder  # noqa: E402
 
 WORDS = ("the a movie film plot actor story was is very really not quite good great fun bad "
          "dull boring long short and but I liked hated it").split()
@@ -69,10 +73,7 @@ def files(tmp_path_factory):
       "reward_model_path": str(root / "reward"),
       "prompts_path": str(root / "prompts.txt"),
       "run_dir": str(root / "run"),
-      "save_every": 1,
-      "keep_last": 2,
-      "log_samples_every": 1,
-      "progress": False,
+      "run": {"save_every": 1, "keep_last": 2, "log_samples_every": 1, "progress": False},
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
               "sampling": {"max_new_tokens": 4, "temperature": 1.0},
               "total_updates": 4, "optimizer": {"learning_rate": 1e-3}},
@@ -91,14 +92,14 @@ def _last_json(text):
 
 def test_train_resume_eval_export(files, capsys):
   run_dir = files / "run"
-  command = ["train", str(files / "run.yaml"), "updates_per_run=2"]
+  command = ["train", str(files / "run.yaml"), "run.updates_per_run=2"]
   assert main(command) == 0
   summary = _last_json(capsys.readouterr().out)
   assert summary["run_dir"] == str(run_dir)
   assert summary["updates_run"] == 2 and summary["step"] == 2
   assert [r["step"] for r in _jsonl(run_dir / "metrics.jsonl")] == [1, 2]
   saved = run_config.saved_run_config(run_dir)
-  assert saved.ppo.batch_size == 4 and saved.updates_per_run == 2
+  assert saved.ppo.batch_size == 4 and saved.run.updates_per_run == 2
 
   # The same command again continues the run.
   assert main(command) == 0
@@ -185,7 +186,12 @@ def test_train_resume_eval_export(files, capsys):
         (["preset=poetry"], "RunConfig.preset='poetry' is invalid: choose one of"),
         (["policy_path=/nonexistent"], "RunConfig.policy_path='/nonexistent': no Hugging Face"),
         (["ppo.num_minibatches=3"], "PPOConfig.batch_size=4 is invalid"),
-        (["save_every=0"], "RunConfig.save_every=0 is invalid: use an int >= 1"),
+        (["run.save_every=0"], "RunConfig.run.save_every=0 is invalid: use an int >= 1"),
+        (["updates_per_run=1"], "Config key 'updates_per_run' has moved to 'run.updates_per_run' "
+                                "(RunConfig.run.updates_per_run); write 'run.updates_per_run' "
+                                "instead."),
+        (["run.updates_per_run=0"], "RunConfig.run.updates_per_run=0 is invalid: use an int >= 1 "
+                                    "or null"),
     ],
 )
 def test_bad_inputs_get_one_clear_error(files, capsys, tmp_path, overrides, message):
@@ -246,6 +252,39 @@ def test_a_run_folder_saved_with_flat_optimizer_keys_reads_with_the_same_meaning
   with pytest.raises(ValueError, match="'ppo.learning_rate' has moved to "
                                        "'ppo.optimizer.learning_rate'"):
     run_config.load_run_config([str(path)])
+
+
+def test_a_run_folder_saved_with_flat_run_keys_resumes_with_the_same_meaning(tmp_path):
+  """A config.yaml (or a checkpoint's config) written before the `run` block (`save_every`,
+  `updates_per_run`, ...) reads as the same run, and resuming compares it with the new config:
+  the run block may change, any other field may not; a config file with the old keys is one error
+  naming the new key."""
+  flat = {"policy_path": "p", "prompts_path": "q.txt", "run_dir": "r",
+          "reward_function": "length", "updates_per_run": 2, "save_every": 5, "keep_last": 1,
+          "best_metric": "objective/scores", "log_samples_every": 0, "tensorboard": False,
+          "wandb": True, "wandb_init": {"project": "x"}, "plots": False, "progress": False,
+          "rollback": True, "rollback_lr_factor": 0.25, "max_rollbacks": 1,
+          "ppo": {"batch_size": 4, "total_updates": 3}}
+  (tmp_path / "config.yaml").write_text(yaml.safe_dump(flat, sort_keys=False))
+  cfg = run_config.saved_run_config(tmp_path)
+  assert cfg.run == PPORunFolder(
+      updates_per_run=2, save_every=5, keep_last=1, best_metric="objective/scores",
+      log_samples_every=0, tensorboard=False, wandb=True, wandb_init={"project": "x"},
+      plots=False, progress=False, rollback=True, rollback_lr_factor=0.25, max_rollbacks=1)
+  assert set(run_config.RunConfig.MOVED_KEYS) == set(PPO_RUN_FIELDS) == (
+      {f.name for f in dataclasses.fields(PPORunFolder)})
+  with pytest.raises(ValueError, match="Config key 'updates_per_run' has moved to "
+                                       "'run.updates_per_run'"):
+    run_config.load_run_config([str(tmp_path / "config.yaml")])
+  # Resuming: the saved flat keys against today's config (what the run loop and the checkpoints
+  # compare): another run block resumes, another PPO field does not.
+  now = dataclasses.replace(cfg, run=PPORunFolder(save_every=1, updates_per_run=None))
+  check_config(flat, config_to_dict(now), where="r", ignore=now.run_options().resume_ignore,
+               config_type=run_config.RunConfig)
+  other = dataclasses.replace(now, ppo=dataclasses.replace(now.ppo, total_updates=4))
+  with pytest.raises(CheckpointConfigMismatch, match=r"ppo\.total_updates: saved 3, now 4"):
+    check_config(flat, config_to_dict(other), where="r", ignore=other.run_options().resume_ignore,
+                 config_type=run_config.RunConfig)
 
 
 def test_a_run_folder_saved_with_flat_sampling_keys_reads_with_the_same_meaning(tmp_path):

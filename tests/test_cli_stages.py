@@ -33,9 +33,9 @@ from tests.tiny_hf_run import make_checkpoint, write_data  # noqa: E402
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
 
 SFT = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4",
-       "sft.optimizer.warmup_steps=0", "progress=false", "tensorboard=false"]
+       "sft.optimizer.warmup_steps=0", "run.progress=false", "run.tensorboard=false"]
 REWARD = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4", "reward.total_steps=2",
-          "normalise_max_new_tokens=4", "progress=false"]
+          "normalise_max_new_tokens=4", "run.progress=false"]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_sft_resumes_refuses_a_changed_config_and_exports(assets, tmp_path, caps
   run_dir = tmp_path / "sft"
   argv = ["sft", f"model_path={assets['model']}", f"train_path={assets['sft']}",
           f"run_dir={run_dir}", "sft.total_steps=3", "sft.eval_fraction=0.25",
-          "steps_per_run=2", *SFT]
+          "run.steps_per_run=2", *SFT]
   assert main(argv) == 0
   first, _ = _summary(capsys)
   assert (first["step"], first["complete"], first["export_dir"]) == (2, False, None)
@@ -163,7 +163,7 @@ def _write(path: pathlib.Path, text: str) -> str:
     ("sft", ["sft.learning_rate=1e-5"], "Config key 'sft.learning_rate' has moved to "
                                         "'sft.optimizer.learning_rate'"),
     ("sft", ["dtype=float8"], "SFTRunConfig.dtype='float8' is invalid"),
-    ("sft", ["steps_per_run=0"], "SFTRunConfig.steps_per_run=0 is invalid"),
+    ("sft", ["run.steps_per_run=0"], "SFTRunConfig.run.steps_per_run=0 is invalid"),
     ("sft", ["sft.batch_size=0"], "SFTConfig.batch_size=0 is invalid"),
     ("sft", ["train_path=MISSING.jsonl"], "SFTRunConfig.train_path='MISSING.jsonl': no such file"),
     ("sft", ["train_path=BAD_SUFFIX"], "unsupported suffix '.csv'"),

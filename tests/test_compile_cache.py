@@ -133,8 +133,8 @@ def test_a_second_run_in_a_fresh_process_loads_its_programs(tmp_path):
     args = ["train", f"policy_path={policy}", f"prompts_path={data['prompts']}",
             "reward_function=length", f"run_dir={tmp_path / run}", f"compilation_cache_dir={cache}",
             "ppo.batch_size=4", "ppo.num_minibatches=1", "ppo.ppo_epochs=2",
-            "ppo.sampling.max_new_tokens=4", "ppo.total_updates=1", "progress=false",
-            "tensorboard=false", "plots=false"]
+            "ppo.sampling.max_new_tokens=4", "ppo.total_updates=1", "run.progress=false",
+            "run.tensorboard=false", "run.plots=false"]
     done = subprocess.run([sys.executable, "-c", DRIVER, *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -396,6 +396,7 @@ def _stage_configs() -> list:
   from jax_ppo.quickstart.config import smoke
   from jax_ppo.reward_model import RewardModelConfig, RewardModelOptimizer
   from jax_ppo.rewards.specs import RewardSource
+  from jax_ppo.runs.common import PPORunFolder, StageRunFolder
   from jax_ppo.runs.ppo_config import RunConfig
   from jax_ppo.runs.reward import RewardRunConfig
   from jax_ppo.runs.sft import SFTRunConfig
@@ -409,10 +410,11 @@ def _stage_configs() -> list:
           rewards=(RewardSource(model_path="runs/rm", weight=1.0),
                    RewardSource(function="length", weight=-0.1, name="len")),
           lora=LoRAConfig(rank=4, targets=("q", "v")), dtype="bfloat16", pad_token="<unk>",
-          wandb_init={"project": "rlhf", "tags": ["a", "b"]}, updates_per_run=3,
+          run=PPORunFolder(wandb_init={"project": "rlhf", "tags": ["a", "b"]}, updates_per_run=3),
           monitor=MonitorConfig(kl_threshold=0.2, kl_length_key=None),
       ),
-      SFTRunConfig(model_path="m", train_path="sft.jsonl", run_dir="runs/sft", steps_per_run=2,
+      SFTRunConfig(model_path="m", train_path="sft.jsonl", run_dir="runs/sft",
+                   run=StageRunFolder(steps_per_run=2),
                    sft=SFTConfig(optimizer=SFTOptimizer(learning_rate=1e-5), packing=True,
                                  total_steps=40),
                    lora=LoRAConfig(rank=2)),

@@ -99,8 +99,8 @@ def trained(files, tmp_path_factory):  # noqa: F811
   sys.modules["wandb"] = fake
   try:
     history = run.run_training(run_config.load_run_config([
-        str(files / "run.yaml"), f"run_dir={run_dir}", "updates_per_run=1", "wandb=true",
-        "wandb_init={project: test-project}",
+        str(files / "run.yaml"), f"run_dir={run_dir}", "run.updates_per_run=1", "run.wandb=true",
+        "run.wandb_init={project: test-project}",
     ]))
   finally:
     run_logger.removeHandler(handler)
@@ -127,7 +127,7 @@ def test_wandb_is_switched_on_from_the_run_config(trained):
   assert len(fake.inits) == 1 and fake.finished == 1
   init = fake.inits[0]
   assert init["project"] == "test-project" and init["dir"] == str(run_dir)
-  assert init["config"]["wandb"] is True and init["config"]["run_dir"] == str(run_dir)
+  assert init["config"]["run"]["wandb"] is True and init["config"]["run_dir"] == str(run_dir)
   steps = [step for step, _ in fake.logged]
   assert steps == [1]
   assert fake.logged[0][1]["objective/kl"] == pytest.approx(history[0]["objective/kl"])

@@ -31,13 +31,13 @@ EXPERIMENTS = ROOT / "experiments"
 
 SFT_SMALL = ["dtype=float32", "sft.max_length=16", "sft.batch_size=4", "sft.total_steps=2",
              "sft.gradient_accumulation_steps=1", "sft.optimizer.warmup_steps=0",
-             "sft.eval_every=0", "progress=false"]
+             "sft.eval_every=0", "run.progress=false"]
 REWARD_SMALL = ["dtype=float32", "reward.max_length=16", "reward.batch_size=4",
                 "reward.total_steps=2", "reward.optimizer.warmup_steps=0", "reward.eval_every=0",
-                "normalise_samples=4", "normalise_max_new_tokens=4", "progress=false"]
+                "normalise_samples=4", "normalise_max_new_tokens=4", "run.progress=false"]
 PPO_SMALL = ["dtype=float32", "ppo.batch_size=4", "ppo.num_minibatches=2", "ppo.ppo_epochs=1",
-             "ppo.sampling.max_new_tokens=4", "ppo.total_updates=2", "progress=false",
-             "tensorboard=false"]
+             "ppo.sampling.max_new_tokens=4", "ppo.total_updates=2", "run.progress=false",
+             "run.tensorboard=false"]
 
 KIND = {
     "pipeline.yaml": "pipeline", "quickstart.yaml": "pipeline", "sft.yaml": "sft",

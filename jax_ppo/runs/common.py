@@ -1,4 +1,16 @@
-"""What the SFT and reward-model run configs share: record files, model folders, config loading.
+"""What the run configs share: their base and run-folder block, record files, model folders.
+
+`BaseRunConfig` holds the fields of every run config, validated once: the run folder
+(`run_dir`), how it is written (the `run` block), LoRA, the compute dtype, the pad token, the
+mesh, the multi-host set-up and the compilation cache. `RunConfig` (PPO,
+`jax_ppo.runs.ppo_config`) and `StageRunConfig` (SFT and the reward model) subclass it. The
+`run` block holds the run loop's options as a config file gives them (`run.save_every=5`,
+`run.updates_per_run=100`); `RunFolder.options` builds the loop's `RunOptions` from it, so their
+validation is `RunOptions`'s own. Each family has its block (`PPORunFolder` adds PPO's samples,
+W&B, plots and rollback; `StageRunFolder` has other defaults); its fields may all change when a
+run resumes. The keys a run config held flat before the block (`save_every`, `updates_per_run`,
+...) are in its `MOVED_KEYS` (`jax_ppo.config_io`): a file or override that uses one is one
+error naming the new key, and a run folder saved with them resumes with the same meaning.
 
 `read_records` reads the training data of a stage (JSONL, Parquet or a local `datasets` folder
 through `jax_ppo.data.iter_records`, or a JSON file holding a list of objects) and checks that
@@ -16,7 +28,7 @@ import logging
 import os
 import pathlib
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import jax.numpy as jnp
 
@@ -33,7 +45,7 @@ from jax_ppo.training.loop import RunOptions
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-"""`RunConfig.dtype` name -> compute dtype (parameters stay float32)."""
+"""`dtype` name of a run config -> compute dtype (parameters stay float32)."""
 DTYPE_NAMES = tuple(DTYPES)
 
 T = TypeVar("T")
@@ -43,37 +55,89 @@ RECORD_FORMATS = ("a .jsonl file (one JSON object per line), a .parquet file, a 
                   "`datasets` folder (save_to_disk) or a .json file holding a list of objects")
 
 
-STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "steps_per_run", "save_every", "keep_last",
-                            "tensorboard", "progress", "mesh", "distributed",
-                            "compilation_cache_dir")
-"""Stage-config fields that may change between invocations of one run (they do not change what
-is computed); a difference in any other field refuses to resume."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunFolder:
+  """How a run folder is written: the fields every run's `run` block has.
+
+  Validated by the run config that holds it (`check`), so that errors name its place
+  (`RunConfig.run.save_every`).
+  """
+
+  save_every: int = 10
+  """Checkpoint every this many steps (and at the end of each invocation)."""
+  keep_last: int = 3
+  """Number of most recent checkpoints kept."""
+  tensorboard: bool = True
+  """Write TensorBoard events."""
+  progress: bool = True
+  """Show a progress bar."""
+
+  PER_RUN: ClassVar[str | None] = None
+  """The name of the family's field that limits the steps (PPO: updates) of one invocation (its
+  value None: to the end of the run)."""
+
+  def options(self, **fixed: Any) -> RunOptions:
+    """The run loop's `RunOptions`: this block's fields that are `RunOptions` fields, and
+    `fixed` (e.g. `resume_ignore=...`)."""
+    names = {f.name for f in dataclasses.fields(RunOptions)}
+    own = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in names}
+    return RunOptions(**own, **fixed)
+
+  def check(self, owner: str) -> None:
+    """Raises a ValueError naming `<owner>.<field>` for an invalid field (`RunOptions` decides,
+    and the per-invocation limit is an int >= 1 or null)."""
+    for field in ("tensorboard", "progress"):
+      if not isinstance(getattr(self, field), bool):
+        raise ValueError(f"{owner}.{field}={getattr(self, field)!r} is invalid: use true or "
+                         "false.")
+    limit = None if self.PER_RUN is None else getattr(self, self.PER_RUN)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+      raise ValueError(f"{owner}.{self.PER_RUN}={limit!r} is invalid: use an int >= 1 or null.")
+    try:
+      self.options()
+    except ValueError as e:
+      raise ValueError(str(e).replace("RunOptions.", f"{owner}.")) from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class StageRunConfig:
-  """The fields every stage run (SFT, reward model) has: model, data, run folder, export."""
+class PPORunFolder(RunFolder):
+  """The `run` block of a PPO run (`RunConfig.run`): the checkpoints, the logs and samples,
+  W&B, the plots, the progress bar and the rollback on a collapse."""
 
-  model_path: str
-  """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer)."""
-  train_path: str
-  """Training records: a .jsonl file (one JSON object per line), a .parquet file, a local
-  Hugging Face `datasets` folder, or a .json list of objects."""
-  run_dir: str
-  """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/."""
-  eval_path: str | None = None
-  """Held-out records (same format); None holds out the stage config's `eval_fraction`."""
-  export_dir: str | None = None
-  """Where the trained model is written as a Hugging Face folder when the run is complete;
-  None: `<run_dir>/hf_model`."""
-  lora: LoRAConfig | None = None
-  """Train LoRA adapters instead of every weight (merged into the exported folder)."""
-  dtype: str = "float32"
-  """Compute dtype: "float32", "bfloat16" or "float16" (weights stay float32)."""
-  pad_token: str | None = None
-  """Pad token of the tokenizer (None: the tokenizer's own, or an unused special token)."""
-  resize_embeddings: bool = False
-  """Add a pad token when the tokenizer has no usable one and grow the embedding to fit."""
+  updates_per_run: int | None = None
+  """Stop after this many updates in one invocation (None: run to `ppo.total_updates`); run the
+  same command again to continue (for schedulers with time limits)."""
+  save_every: int = 10
+  """Checkpoint every this many updates (and at the end of each invocation)."""
+  best_metric: str | None = None
+  """Also keep the checkpoint with the best value of this metric."""
+  best_mode: str = "max"
+  """"max" or "min" for `best_metric`."""
+  log_samples_every: int = 10
+  """Write samples to samples.jsonl every this many updates (0: never)."""
+  wandb: bool = False
+  """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
+  wandb_init: dict[str, Any] | None = None
+  """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
+  configuration is passed as `config`, the run folder as `dir`."""
+  plots: bool = True
+  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
+  each invocation (also `jax-ppo plot RUN_DIR`)."""
+  rollback: bool = False
+  """Roll back to the last good checkpoint when the monitor reports a collapse."""
+  rollback_lr_factor: float = 0.5
+  """Learning-rate multiplier applied at each rollback."""
+  max_rollbacks: int = 3
+  """Stop the run when it collapses again after this many rollbacks."""
+
+  PER_RUN: ClassVar[str | None] = "updates_per_run"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageRunFolder(RunFolder):
+  """The `run` block of an SFT or reward-model run (`SFTRunConfig.run`, `RewardRunConfig.run`):
+  they write no samples and have no hook that reports a collapse."""
+
   steps_per_run: int | None = None
   """Stop after this many steps in one invocation (None: run to the end); run again to go on."""
   save_every: int = 50
@@ -82,19 +146,59 @@ class StageRunConfig:
   """Number of most recent checkpoints kept."""
   tensorboard: bool = False
   """Write TensorBoard events."""
-  progress: bool = True
-  """Show a progress bar."""
+
+  PER_RUN: ClassVar[str | None] = "steps_per_run"
+
+
+PPO_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(PPORunFolder))
+"""The `run` block fields `RunConfig` held flat before the block."""
+STAGE_RUN_FIELDS = tuple(f.name for f in dataclasses.fields(StageRunFolder))
+"""The `run` block fields `StageRunConfig` held flat before the block."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaseRunConfig:
+  """The fields of every run config: the run folder, its `run` block, and how the models are
+  loaded and placed. Subclasses give `run` their family's block."""
+
+  run_dir: str
+  """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/."""
+  run: RunFolder = dataclasses.field(default_factory=RunFolder)
+  """How the run folder is written and how much of the run one invocation does."""
+  lora: LoRAConfig | None = None
+  """Train LoRA adapters instead of every weight (e.g. `lora.rank=16`; merged into exports)."""
+  pad_token: str | None = None
+  """Pad token of the tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an existing
+  unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop token; a
+  token missing from the vocabulary needs `resize_embeddings`."""
+  resize_embeddings: bool = False
+  """When the tokenizer has no usable pad token (GPT-2) or `pad_token` is new, add it and grow
+  the embedding (and an untied LM head) of every model that reads its ids, new rows initialised
+  to the mean row (`jax_ppo.models.resize_token_embeddings`). False: such a tokenizer is an
+  error naming this switch."""
+  dtype: str = "float32"
+  """Compute dtype of every model: "float32", "bfloat16" or "float16". The weights, gradients and
+  optimizer state stay float32 (master weights), and log-probs, entropies, norms and softmaxes
+  are computed in float32 whatever this is."""
   mesh: MeshConfig | None = None
-  """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), as
-  `RunConfig.mesh`: e.g. `mesh.fsdp=8` shards the model and the optimizer state over 8 devices,
-  `mesh.data=-1` splits each batch's rows over every device; None: one device. A run may resume
-  on another mesh."""
+  """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), e.g.
+  `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices, `mesh.data=-1` to
+  split each batch's rows over every device; None: one device. A run may resume on another mesh
+  (checkpoints restore into the new shardings)."""
   distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
-  """Multi-host set-up, as `RunConfig.distributed` (`jax_ppo.parallel.distributed`)."""
+  """Multi-host set-up (`jax_ppo.parallel.distributed`): "auto" joins a multi-process job when
+  the environment or `distributed.coordinator_address` describes one (e.g.
+  `distributed.coordinator_address=10.0.0.2:12355 distributed.num_processes=2
+  distributed.process_id=1`); a single process otherwise."""
   compilation_cache_dir: str | None = AUTO_CACHE
-  """Folder of JAX's persistent compilation cache: "auto" (`$JAX_PPO_CACHE_DIR`, else
-  `~/.cache/jax_ppo/xla`; a folder JAX was already given is kept), a path, or null (or "off")
-  to leave the cache to JAX's own settings (`jax_ppo.compile_cache`)."""
+  """Folder of JAX's persistent compilation cache, so that a second invocation (a resumed run,
+  the next run of the same setup) loads its compiled programs instead of compiling them again:
+  "auto" (`$JAX_PPO_CACHE_DIR`, else `~/.cache/jax_ppo/xla`; a folder JAX was already given is
+  kept), a path, or null (or "off") to leave the cache to JAX's own settings
+  (`jax_ppo.compile_cache`)."""
+
+  OPERATIONAL_FIELDS: ClassVar[tuple[str, ...]] = ()
+  """Dotted keys that may change between invocations of one run (`RunOptions.resume_ignore`)."""
 
   def __post_init__(self):
     name = type(self).__name__
@@ -102,43 +206,82 @@ class StageRunConfig:
     def bad(field: str, fix: str):
       raise ValueError(f"{name}.{field}={getattr(self, field)!r} is invalid: {fix}.")
 
-    for field in ("model_path", "train_path", "run_dir"):
+    if not isinstance(self.run_dir, str) or not self.run_dir:
+      bad("run_dir", "give a path")
+    block = {f.name: f for f in dataclasses.fields(self)}["run"].default_factory
+    if not isinstance(self.run, block):
+      bad("run", f"give a mapping of {block.__name__} fields")
+    self.run.check(f"{name}.run")
+    if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
+      bad("pad_token", "give a token string of the tokenizer's vocabulary, or null")
+    if not isinstance(self.resize_embeddings, bool):
+      bad("resize_embeddings", "use true or false")
+    if self.dtype not in DTYPES:
+      bad("dtype", f"choose one of {list(DTYPE_NAMES)}")
+    check_cache_setting(self.compilation_cache_dir, field=f"{name}.compilation_cache_dir")
+
+  def run_options(self, **fixed: Any) -> RunOptions:
+    """The run loop's `RunOptions`: the `run` block, the family's `OPERATIONAL_FIELDS` as
+    `resume_ignore`, and `fixed`."""
+    return self.run.options(resume_ignore=type(self).OPERATIONAL_FIELDS, **fixed)
+
+
+STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "run", "mesh", "distributed",
+                            "compilation_cache_dir")
+"""Stage-config fields (dotted keys or prefixes: `run` is the whole run block) that may change
+between invocations of one run (they do not change what is computed); a difference in any other
+field refuses to resume."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageRunConfig(BaseRunConfig):
+  """The fields every stage run (SFT, reward model) has: model, data, export, and the fields of
+  every run (`BaseRunConfig`) with the stage's run block (`run.steps_per_run`, `run.save_every`,
+  ...)."""
+
+  model_path: str
+  """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer)."""
+  train_path: str
+  """Training records: a .jsonl file (one JSON object per line), a .parquet file, a local
+  Hugging Face `datasets` folder, or a .json list of objects."""
+  eval_path: str | None = None
+  """Held-out records (same format); None holds out the stage config's `eval_fraction`."""
+  export_dir: str | None = None
+  """Where the trained model is written as a Hugging Face folder when the run is complete;
+  None: `<run_dir>/hf_model`."""
+  run: StageRunFolder = dataclasses.field(default_factory=StageRunFolder)
+  """How the run folder is written: `run.steps_per_run`, `run.save_every`, `run.keep_last`,
+  `run.tensorboard`, `run.progress` (`StageRunFolder`)."""
+
+  OPERATIONAL_FIELDS: ClassVar[tuple[str, ...]] = STAGE_OPERATIONAL_FIELDS
+  MOVED_KEYS: ClassVar[dict[str, str]] = {f: f"run.{f}" for f in STAGE_RUN_FIELDS}
+  """Old flat run-folder keys -> their place in the `run` block (`jax_ppo.config_io`)."""
+
+  def __post_init__(self):
+    super().__post_init__()
+    name = type(self).__name__
+    for field in ("model_path", "train_path"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
-        bad(field, "give a path")
-    for field in ("eval_path", "export_dir", "pad_token"):
+        raise ValueError(f"{name}.{field}={getattr(self, field)!r} is invalid: give a path.")
+    for field in ("eval_path", "export_dir"):
       value = getattr(self, field)
       if value is not None and (not isinstance(value, str) or not value):
-        bad(field, "give a non-empty string, or null")
-    if self.dtype not in DTYPE_NAMES:
-      bad("dtype", f"choose one of {list(DTYPE_NAMES)}")
-    for field in ("resize_embeddings", "tensorboard", "progress"):
-      if not isinstance(getattr(self, field), bool):
-        bad(field, "use true or false")
-    check_cache_setting(self.compilation_cache_dir, field=f"{name}.compilation_cache_dir")
-    if self.steps_per_run is not None and (
-        isinstance(self.steps_per_run, bool) or not isinstance(self.steps_per_run, int)
-        or self.steps_per_run < 1):
-      bad("steps_per_run", "use an int >= 1 or null")
-    try:
-      self.run_options()
-    except ValueError as e:
-      raise ValueError(str(e).replace("RunOptions.", f"{name}.")) from None
+        raise ValueError(f"{name}.{field}={value!r} is invalid: give a non-empty string, or "
+                         "null.")
 
   @property
   def export_path(self) -> pathlib.Path:
     """The folder the trained model is exported to."""
     return pathlib.Path(self.export_dir or os.path.join(self.run_dir, "hf_model"))
 
-  def run_options(self) -> RunOptions:
+  def run_options(self, **fixed: Any) -> RunOptions:
     """The run folder's `RunOptions` (no samples: these stages generate nothing)."""
-    return RunOptions(save_every=self.save_every, keep_last=self.keep_last, log_samples_every=0,
-                      tensorboard=self.tensorboard, progress=self.progress,
-                      resume_ignore=STAGE_OPERATIONAL_FIELDS)
+    return super().run_options(log_samples_every=0, **fixed)
 
 
 def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
                 train_keys: Sequence[str]) -> tuple[dict[str, Any], bool]:
-  """Runs what is left of an offline stage's run (at most `config.steps_per_run` steps).
+  """Runs what is left of an offline stage's run (at most `config.run.steps_per_run` steps).
 
   Args:
     trainer: the stage's trainer (`SFTTrainer`, `RewardModelTrainer`).
@@ -157,8 +300,8 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
                 trainer.step_count, trainer.total_steps)
   left = max(trainer.total_steps - trainer.step_count, 0)
   # The trainers' train(n) runs n more steps even past total_steps: never ask for more.
-  history = trainer.train(left if config.steps_per_run is None else min(config.steps_per_run,
-                                                                         left))
+  per_run = config.run.steps_per_run
+  history = trainer.train(left if per_run is None else min(per_run, left))
   complete = trainer.step_count >= trainer.total_steps
   summary: dict[str, Any] = {
       "stage": stage, "run_dir": config.run_dir, "step": trainer.step_count,
@@ -295,8 +438,14 @@ def read_records(
 
 
 __all__ = [
+    "BaseRunConfig",
     "DTYPES",
     "DTYPE_NAMES",
+    "PPORunFolder",
+    "PPO_RUN_FIELDS",
+    "RunFolder",
+    "STAGE_RUN_FIELDS",
+    "StageRunFolder",
     "grow_vocab",
     "RECORD_SUFFIXES",
     "Records",

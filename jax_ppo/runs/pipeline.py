@@ -22,8 +22,8 @@ Overrides are `key=value` with the stage's name first (`sft.sft.optimizer.learni
 (`model_path=...`, `out_dir=...`).
 
 `run_pipeline` runs the stages in order, each resuming its own run folder, and stops after a
-stage that is not complete (`steps_per_run`/`updates_per_run`, or a preemption), so the same
-command continues it. The PPO policy is exported to `<ppo run_dir>/hf_model` when PPO is done,
+stage that is not complete (`run.steps_per_run`/`run.updates_per_run`, or a preemption), so the
+same command continues it. The PPO policy is exported to `<ppo run_dir>/hf_model` when PPO is done,
 and with an `eval` section (`PipelineEval`; overrides `eval.n=4`) its final checkpoint samples
 and scores the held-out prompts as `jax-ppo eval` does (`evaluate_run`): the metrics go into the
 PPO summary and `<ppo run_dir>/eval/step_<N>.json`.

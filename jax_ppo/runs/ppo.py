@@ -271,7 +271,7 @@ def guide_advice(config: RunConfig) -> list[str]:
 def run_training(config: RunConfig) -> list[dict[str, float]]:
   """Trains (or resumes) the run described by `config`; returns the metrics of each update.
 
-  Runs `config.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
+  Runs `config.run.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
   `config.run_dir`; calling it again with the same configuration continues the run. SIGTERM or
   SIGINT during training saves a checkpoint and returns early: the returned history's
   `preempted` then names the signal (see `jax_ppo.training.loop`).
@@ -283,7 +283,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
     if trainer.step_count >= config.ppo.total_updates:
       logger.info("%s is complete (step %d of %d); nothing to do.", config.run_dir,
                   trainer.step_count, config.ppo.total_updates)
-    return trainer.train(config.updates_per_run)
+    return trainer.train(config.run.updates_per_run)
   finally:
     trainer.close()
 

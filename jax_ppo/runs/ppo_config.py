@@ -11,10 +11,8 @@ import dataclasses
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from jax_ppo.compile_cache import AUTO as AUTO_CACHE
-from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import (
   CONFIG_FILENAME,
   apply_overrides,
@@ -23,9 +21,7 @@ from jax_ppo.config_io import (
   migrate_keys,
   read_config_file,
 )
-from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES, LoRAConfig
-from jax_ppo.parallel.distributed import DistributedConfig
-from jax_ppo.parallel.mesh import MeshConfig
+from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.monitor import MonitorConfig
@@ -37,22 +33,21 @@ from jax_ppo.rewards.specs import (
   parse_reward_function,
   reward_source_names,
 )
-from jax_ppo.runs.common import DTYPES
-from jax_ppo.training.loop import RunOptions
+from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
 
-OPERATIONAL_FIELDS = (
-    "run_dir", "updates_per_run", "save_every", "keep_last", "best_metric", "best_mode",
-    "log_samples_every", "tensorboard", "wandb", "wandb_init", "plots", "progress", "rollback",
-    "rollback_lr_factor", "max_rollbacks", "monitor", "remat", "mesh", "placement", "distributed",
-    "compilation_cache_dir",
-)
-"""`RunConfig` fields that may change between invocations of one run (they do not change what
-is computed); a difference in any other field refuses to resume."""
+OPERATIONAL_FIELDS = ("run_dir", "run", "monitor", "remat", "mesh", "placement", "distributed",
+                      "compilation_cache_dir")
+"""`RunConfig` fields (dotted keys or prefixes: `run` is the whole run block) that may change
+between invocations of one run (they do not change what is computed); a difference in any other
+field refuses to resume."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunConfig:
-  """Everything `run_training` needs; saved as `run_dir/config.yaml`."""
+class RunConfig(BaseRunConfig):
+  """Everything `run_training` needs; saved as `run_dir/config.yaml`. The fields every run config
+  has (`run_dir`, `lora`, `dtype`, `pad_token`, `resize_embeddings`, `mesh`, `distributed`,
+  `compilation_cache_dir`) are `BaseRunConfig`'s; the run folder's options are the `run` block
+  (`PPORunFolder`)."""
 
   policy_path: str
   """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
@@ -60,8 +55,6 @@ class RunConfig:
   """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
   Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
   with the tokenizer's chat template)."""
-  run_dir: str
-  """Run folder: config.yaml, metrics.jsonl, samples.jsonl, tensorboard/, checkpoints/."""
   ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
   """PPO hyperparameters. `ppo.sampling.pad_token_id` is taken from the tokenizer; empty
   `ppo.sampling.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
@@ -78,24 +71,9 @@ class RunConfig:
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
   reward model, or a zero-initialised value head on the policy with a reward function."""
-  lora: LoRAConfig | None = None
-  """Train LoRA adapters instead of every weight (e.g. `lora.rank=16`)."""
   preset: str | None = None
   """Scenario preset (`jax_ppo.ppo.presets.PRESETS`) applied to `ppo` before the file's and
   the command line's values."""
-  pad_token: str | None = None
-  """Pad token of the policy's tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an
-  existing unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop
-  token; a token missing from the vocabulary needs `resize_embeddings`."""
-  resize_embeddings: bool = False
-  """When the tokenizer has no usable pad token (GPT-2) or `pad_token` is new, add it and grow
-  the embedding (and an untied LM head) of the policy and of the reward and value models that
-  read its ids, new rows initialised to the mean row (`jax_ppo.models.resize_token_embeddings`).
-  False: such a tokenizer is an error naming this switch."""
-  dtype: str = "float32"
-  """Compute dtype of every model: "float32", "bfloat16" or "float16". The weights, gradients and
-  optimizer state stay float32 (master weights), and log-probs, entropies, norms and softmaxes
-  are computed in float32 whatever this is."""
   remat: str = DEFAULT_REMAT
   """Rematerialisation of each transformer layer of the policy and critic in the training
   backward pass (less memory, more compute): "dots" (the default: keep the weight matmuls'
@@ -104,44 +82,9 @@ class RunConfig:
   same), "dots_all" (keep every matmul output)
   or any argument-free `jax.checkpoint_policies` name, e.g. "dots_saveable"
   (`jax_ppo.models.REMAT_POLICIES`). Gradients are the same."""
-  updates_per_run: int | None = None
-  """Stop after this many updates in one invocation (None: run to `ppo.total_updates`); run the
-  same command again to continue (for schedulers with time limits)."""
-  save_every: int = 10
-  """Checkpoint every this many updates (and at the end of each invocation)."""
-  keep_last: int = 3
-  """Number of most recent checkpoints kept."""
-  best_metric: str | None = None
-  """Also keep the checkpoint with the best value of this metric."""
-  best_mode: str = "max"
-  """"max" or "min" for `best_metric`."""
-  log_samples_every: int = 10
-  """Write samples to samples.jsonl every this many updates (0: never)."""
-  tensorboard: bool = True
-  """Write TensorBoard events."""
-  wandb: bool = False
-  """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
-  wandb_init: dict[str, Any] | None = None
-  """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
-  configuration is passed as `config`, the run folder as `dir`."""
-  plots: bool = True
-  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
-  each invocation (also `jax-ppo plot RUN_DIR`)."""
-  progress: bool = True
-  """Show a progress bar."""
-  rollback: bool = False
-  """Roll back to the last good checkpoint when the monitor reports a collapse."""
-  rollback_lr_factor: float = 0.5
-  """Learning-rate multiplier applied at each rollback."""
-  max_rollbacks: int = 3
-  """Stop the run when it collapses again after this many rollbacks."""
   monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
   """Thresholds of the stability monitor, PPO's hook on the run loop (`PPOTrainer(monitor=...)`);
-  its collapses trigger `rollback`."""
-  mesh: MeshConfig | None = None
-  """Device mesh `(data, fsdp, tensor)` (`jax_ppo.parallel.MeshConfig`; -1: the rest), e.g.
-  `mesh.fsdp=8` to shard every model and the optimizer state over 8 devices; None: one device.
-  A run may resume on another mesh (checkpoints restore into the new shardings)."""
+  its collapses trigger `run.rollback`."""
   placement: PlacementConfig = dataclasses.field(default_factory=PlacementConfig)
   """Where the roles live (`jax_ppo.parallel.placement`): by default the reference, the reward
   model and the critic share the policy's mesh. `placement.reference`, `placement.reward` and
@@ -153,23 +96,22 @@ class RunConfig:
   role uses). Needs `mesh`; a LoRA policy keeps its reference shared (its base weights, one
   copy); a split critic must be a model of its own (not a value head on the policy) and its
   gradient is clipped by its own global norm (`jax_ppo.ppo.placed_critic`)."""
-  distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
-  """Multi-host set-up (`jax_ppo.parallel.distributed`): "auto" joins a multi-process job when
-  the environment or `distributed.coordinator_address` describes one (e.g.
-  `distributed.coordinator_address=10.0.0.2:12355 distributed.num_processes=2
-  distributed.process_id=1`); a single process otherwise."""
-  compilation_cache_dir: str | None = AUTO_CACHE
-  """Folder of JAX's persistent compilation cache, so that a second invocation (a resumed run,
-  the next run of the same setup) loads its compiled programs instead of compiling them again:
-  "auto" (`$JAX_PPO_CACHE_DIR`, else `~/.cache/jax_ppo/xla`; a folder JAX was already given is
-  kept), a path, or null (or "off") to leave the cache to JAX's own settings
-  (`jax_ppo.compile_cache`)."""
+  run: PPORunFolder = dataclasses.field(default_factory=PPORunFolder)
+  """How the run folder is written and how much of the run one invocation does: checkpoints,
+  samples, TensorBoard / W&B, plots, the progress bar, the rollback on a collapse
+  (`PPORunFolder`; e.g. `run.updates_per_run=100 run.save_every=5`)."""
+
+  OPERATIONAL_FIELDS: ClassVar[tuple[str, ...]] = OPERATIONAL_FIELDS
+  MOVED_KEYS: ClassVar[dict[str, str]] = {f: f"run.{f}" for f in PPO_RUN_FIELDS}
+  """Old flat run-folder keys -> their place in the `run` block (`jax_ppo.config_io`)."""
 
   def __post_init__(self):
+    super().__post_init__()
+
     def bad(field: str, fix: str):
       raise ValueError(f"RunConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")
 
-    for field in ("policy_path", "prompts_path", "run_dir"):
+    for field in ("policy_path", "prompts_path"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give a path")
     given = [self.reward_model_path is not None, self.reward_function is not None,
@@ -190,23 +132,9 @@ class RunConfig:
       parse_reward_function(self.reward_function)
     if self.preset is not None and self.preset not in PRESETS:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
-    if self.dtype not in DTYPES:
-      bad("dtype", f"choose one of {list(DTYPES)}")
     if self.remat not in REMAT_POLICIES:
       bad("remat", f"choose one of {list(REMAT_POLICIES)}")
-    if self.pad_token is not None and (not isinstance(self.pad_token, str) or not self.pad_token):
-      bad("pad_token", "give a token string of the policy's vocabulary, or null")
-    if not isinstance(self.resize_embeddings, bool):
-      bad("resize_embeddings", "use true or false")
-    check_cache_setting(self.compilation_cache_dir, field="RunConfig.compilation_cache_dir")
     self._check_placement()
-    if self.updates_per_run is not None and (
-        not isinstance(self.updates_per_run, int) or self.updates_per_run < 1):
-      bad("updates_per_run", "use an int >= 1 or null")
-    try:
-      self.run_options()
-    except ValueError as e:
-      raise ValueError(str(e).replace("RunOptions.", "RunConfig.")) from None
 
   def _check_placement(self) -> None:
     p = self.placement
@@ -241,18 +169,6 @@ class RunConfig:
             f"RunConfig.placement.critic gives the critic its own devices, but the run has no "
             f"separate critic model ({why}); use advantage_mode 'gae' with value_model_path (or "
             "a reward model), or remove placement.critic.")
-
-  def run_options(self) -> RunOptions:
-    """The trainer's `RunOptions` for this run."""
-    return RunOptions(
-        save_every=self.save_every, keep_last=self.keep_last, best_metric=self.best_metric,
-        best_mode=self.best_mode, log_samples_every=self.log_samples_every,
-        tensorboard=self.tensorboard, wandb=self.wandb, wandb_init=self.wandb_init,
-        plots=self.plots, progress=self.progress, rollback=self.rollback,
-        rollback_lr_factor=self.rollback_lr_factor, max_rollbacks=self.max_rollbacks,
-        resume_ignore=OPERATIONAL_FIELDS,
-    )
-
 
 def load_run_config(argv: Sequence[str]) -> RunConfig:
   """A `RunConfig` from at most one YAML/JSON file and `key=value` overrides.

@@ -30,7 +30,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +57,7 @@ from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
 from jax_ppo.runs.common import (
   DTYPES,
+  STAGE_OPERATIONAL_FIELDS,
   StageRunConfig,
   check_model_folder,
   check_records_file,
@@ -66,9 +67,14 @@ from jax_ppo.runs.common import (
   read_records,
   train_stage,
 )
-from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger("jax_ppo.reward_run")
+
+NORMALISATION_FIELDS = ("normalise", "policy_path", "normalise_prompts_path", "normalise_samples",
+                        "normalise_max_new_tokens", "normalise_temperature")
+"""Fields that only change the normalisation applied at export, not the trained checkpoints: they
+may change between invocations of one run."""
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RewardRunConfig(StageRunConfig):
@@ -93,6 +99,11 @@ class RewardRunConfig(StageRunConfig):
   normalise_temperature: float = 1.0
   """Sampling temperature of those samples (use PPO's `ppo.sampling.temperature`)."""
 
+  OPERATIONAL_FIELDS: ClassVar[tuple[str, ...]] = (*STAGE_OPERATIONAL_FIELDS,
+                                                   *NORMALISATION_FIELDS)
+  """The stage's operational fields and the normalisation settings: they may change on
+  resume."""
+
   def __post_init__(self):
     super().__post_init__()
 
@@ -116,17 +127,6 @@ class RewardRunConfig(StageRunConfig):
             and self.normalise_temperature > 0):
       bad("normalise_temperature", "use a value > 0")
 
-  def run_options(self) -> RunOptions:
-    """As `StageRunConfig.run_options`; the normalisation settings may also change on resume."""
-    options = super().run_options()
-    return dataclasses.replace(options,
-                               resume_ignore=(*options.resume_ignore, *NORMALISATION_FIELDS))
-
-
-NORMALISATION_FIELDS = ("normalise", "policy_path", "normalise_prompts_path", "normalise_samples",
-                        "normalise_max_new_tokens", "normalise_temperature")
-"""Fields that only change the normalisation applied at export, not the trained checkpoints: they
-may change between invocations of one run."""
 
 
 def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:

@@ -54,8 +54,9 @@ def runs(tmp_path_factory):
               "ppo_epochs": 1, "sampling": {"max_new_tokens": 4}, "total_updates": 3,
               "optimizer": {"learning_rate": 1e-2}},
       # fsdp spans both processes: parameters, optimizer state and rows are split over them
-      "mesh": {"data": 1, "fsdp": 4, "tensor": 2}, "save_every": 1, "log_samples_every": 1,
-      "tensorboard": False, "progress": False, "plots": True,
+      "mesh": {"data": 1, "fsdp": 4, "tensor": 2},
+      "run": {"save_every": 1, "log_samples_every": 1, "tensorboard": False, "progress": False,
+              "plots": True},
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))

@@ -15,6 +15,7 @@ from jax_ppo.models import PadTokenError  # noqa: E402
 from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config  # noqa: E402
+from jax_ppo.runs.common import PPORunFolder  # noqa: E402
 
 WORDS = "the movie was good bad very fun dull plot and it".split()
 EOT = "<|endoftext|>"
@@ -49,7 +50,7 @@ def _config(root, **kwargs):
   return run_config.RunConfig(
       policy_path=str(root / "policy"), reward_model_path=str(root / "reward"),
       prompts_path=str(root / "prompts.txt"), run_dir=str(root / kwargs.pop("name", "run")),
-      progress=False, tensorboard=False, ppo=PPOConfig(**ppo), **kwargs,
+      run=PPORunFolder(progress=False, tensorboard=False), ppo=PPOConfig(**ppo), **kwargs,
   )
 
 

@@ -17,6 +17,7 @@ from jax_ppo.ppo.loss import coefficients  # noqa: E402
 from jax_ppo.rollout.sampler import Rollout  # noqa: E402
 from jax_ppo.runs import ppo as run  # noqa: E402
 from jax_ppo.runs import ppo_config as run_config
+from jax_ppo.runs.common import PPORunFolder
 from tests.tiny_hf_run import make_checkpoint, make_reward_checkpoint, write_data  # noqa: E402
 
 
@@ -33,8 +34,8 @@ def _config(folders, **kwargs):
                   optimizer=PPOOptimizer(learning_rate=1e-3))
   return run_config.RunConfig(
       policy_path=folders["policy"], reward_model_path=folders["reward"],
-      prompts_path=folders["prompts"], run_dir=str(folders["root"] / "run"), progress=False,
-      tensorboard=False, ppo=ppo, **kwargs,
+      prompts_path=folders["prompts"], run_dir=str(folders["root"] / "run"),
+      run=PPORunFolder(progress=False, tensorboard=False), ppo=ppo, **kwargs,
   )
 
 

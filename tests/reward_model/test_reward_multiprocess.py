@@ -37,8 +37,8 @@ def runs(tmp_path_factory):
                  "optimizer": {"learning_rate": 0.1, "lr_schedule": "constant", "adam_eps": 1.0}},
       "normalise_samples": 8, "normalise_max_new_tokens": 4,
       # data spans both processes: process i holds rows [4i, 4i + 4) of each batch of 8
-      "mesh": {"data": 2, "fsdp": 2, "tensor": 2}, "save_every": 1,
-      "tensorboard": False, "progress": False,
+      "mesh": {"data": 2, "fsdp": 2, "tensor": 2},
+      "run": {"save_every": 1, "tensorboard": False, "progress": False},
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))

@@ -125,7 +125,8 @@ def test_a_missing_reward_model_folder_is_named(files, tmp_path, capsys):  # noq
 def test_a_reward_model_and_functions_train_end_to_end(files, tmp_path, user_rewards):  # noqa: F811
   run_dir = tmp_path / "run"
   history = run.run_training(run_config.load_run_config([
-      str(files / "run.yaml"), f"run_dir={run_dir}", "reward_function=null", "updates_per_run=1",
+      str(files / "run.yaml"), f"run_dir={run_dir}", "reward_function=null",
+      "run.updates_per_run=1",
       f"rewards=[{{model_path: {files / 'reward'}, weight: 0.5}}, {{function: length, weight: "
       f"2.0}}, {{function: '{user_rewards}:words', weight: -1.0, name: words}}]",
   ]))

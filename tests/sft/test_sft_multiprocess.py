@@ -34,8 +34,8 @@ def runs(tmp_path_factory):
       "sft": {"max_length": 16, "batch_size": 4, "gradient_accumulation_steps": 2,
               "packing": True, "total_steps": 3, "eval_fraction": 0.25, "eval_every": 2,
               "optimizer": {"learning_rate": 1e-2, "lr_schedule": "constant"}},
-      "mesh": {"data": 1, "fsdp": 2, "tensor": 2}, "save_every": 1,
-      "tensorboard": False, "progress": False,
+      "mesh": {"data": 1, "fsdp": 2, "tensor": 2},
+      "run": {"save_every": 1, "tensorboard": False, "progress": False},
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))

@@ -145,13 +145,13 @@ def test_cli_resume_after_the_policy_changed_shape_prints_one_error(tmp_path, ca
   (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
   (tmp_path / "run.yaml").write_text(yaml.safe_dump({
       "policy_path": str(tmp_path / "policy"), "prompts_path": str(tmp_path / "prompts.txt"),
-      "reward_function": "length", "run_dir": str(tmp_path / "run"), "save_every": 1,
-      "progress": False,
+      "reward_function": "length", "run_dir": str(tmp_path / "run"),
+      "run": {"save_every": 1, "progress": False},
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
               "sampling": {"max_new_tokens": 4}, "total_updates": 2,
               "optimizer": {"learning_rate": 1e-3}},
   }))
-  command = ["train", str(tmp_path / "run.yaml"), "updates_per_run=1"]
+  command = ["train", str(tmp_path / "run.yaml"), "run.updates_per_run=1"]
   assert main(command) == 0
   before = _files(tmp_path / "run")
   capfd.readouterr()

@@ -75,10 +75,9 @@ def _config(files, name: str) -> pathlib.Path:
       "reward_function": "count:good",
       "prompts_path": str(files / "prompts.txt"),
       "run_dir": str(files / name),
-      "save_every": 1000,  # only the end of train() (or a preemption) saves
-      "log_samples_every": 0,
-      "progress": False,
-      "tensorboard": False,
+      # save_every: only the end of train() (or a preemption) saves
+      "run": {"save_every": 1000, "log_samples_every": 0, "progress": False,
+              "tensorboard": False},
       "ppo": {"batch_size": 4, "num_minibatches": 1, "ppo_epochs": 1,
               "sampling": {"max_new_tokens": 4, "temperature": 1.0},
               "total_updates": 40, "optimizer": {"learning_rate": 1e-3},

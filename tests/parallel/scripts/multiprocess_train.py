@@ -77,7 +77,7 @@ def main() -> None:
     argv += [f"distributed.coordinator_address=127.0.0.1:{port}",
              f"distributed.num_processes={count}", f"distributed.process_id={pid}",
              "distributed.initialization_timeout=120"]
-  codes = [cli([*argv, "updates_per_run=2"]), cli(argv)]  # 2 updates, then the resume
+  codes = [cli([*argv, "run.updates_per_run=2"]), cli(argv)]  # 2 updates, then the resume
   config = saved_run_config(ROOT / NAME)
   trainer = build_trainer(config, open_run=False)
   step = trainer.load_checkpoint(ROOT / NAME)

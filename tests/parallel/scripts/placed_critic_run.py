@@ -34,10 +34,7 @@ policy_path: {policy}
 reward_model_path: {reward}
 prompts_path: {prompts}
 run_dir: {run_dir}
-save_every: 1
-plots: false
-tensorboard: false
-progress: false
+run: {{save_every: 1, plots: false, tensorboard: false, progress: false}}
 ppo: {{batch_size: 8, num_minibatches: 2, ppo_epochs: 1, sampling: {{max_new_tokens: 4}},
       total_updates: 2, optimizer: {{learning_rate: 1.0e-2}}}}
 mesh: {{data: 2, fsdp: 2}}

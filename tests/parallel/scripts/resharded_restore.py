@@ -51,10 +51,9 @@ def train(root: pathlib.Path) -> dict:
   argv = ["train", f"policy_path={policy}", f"reward_model_path={reward}",
           f"prompts_path={data['prompts']}", f"run_dir={root / 'run'}", "ppo.batch_size=8",
           "ppo.num_minibatches=2", "ppo.ppo_epochs=1", "ppo.sampling.max_new_tokens=4",
-          "ppo.total_updates=3", "ppo.optimizer.learning_rate=1e-2", "updates_per_run=2",
-          "save_every=1",
-          "plots=false", "tensorboard=false", "progress=false", "mesh.data=2", "mesh.fsdp=2",
-          "mesh.tensor=2"]
+          "ppo.total_updates=3", "ppo.optimizer.learning_rate=1e-2", "run.updates_per_run=2",
+          "run.save_every=1", "run.plots=false", "run.tensorboard=false", "run.progress=false",
+          "mesh.data=2", "mesh.fsdp=2", "mesh.tensor=2"]
   if cli(argv) != 0:
     raise SystemExit("jax-ppo train failed")
   config = saved_run_config(root / "run")

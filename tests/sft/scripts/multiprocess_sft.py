@@ -62,7 +62,7 @@ def main() -> None:
              f"distributed.num_processes={count}", f"distributed.process_id={pid}",
              "distributed.initialization_timeout=120"]
   codes, summaries = [], []
-  for args in ([*argv, "steps_per_run=2"], argv):  # 2 steps, then the resume and the export
+  for args in ([*argv, "run.steps_per_run=2"], argv):  # 2 steps, then the resume and the export
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
       codes.append(cli(args))
