@@ -1,42 +1,34 @@
 """Datasheet peaks of accelerators, for MFU and HBM-bandwidth use in the benchmarks' JSON.
 
-`DEVICE_PEAKS` is keyed by a substring of `jax.Device.device_kind` (the first match in table
-order wins, so the more specific names come first): dense (no sparsity) matmul FLOP/s in
+`DEVICE_PEAKS` is the library's datasheet table (`jax_ppo.diagnostics.chips.CHIPS`, which also
+gives `jax-ppo plan` its HBM sizes) keyed by chip name: dense (no sparsity) matmul FLOP/s in
 bfloat16 and in float32 as JAX runs it by default (TF32 tensor cores on NVIDIA Ampere and later,
-`jax.default_matmul_precision` "default"), and HBM bytes/s. Sources: NVIDIA's H100/H200, A100
-and L4 datasheets (SXM parts unless the name says PCIe), Google's TPU v4/v5e/v5p pages.
+`jax.default_matmul_precision` "default"), and HBM bytes/s.
 
-`peaks(kind)` returns the row (or None for an unknown device, e.g. a CPU: the benchmarks then
-keep their measured matmul peak); `utilisation(...)` turns measured FLOP/s and bytes/s into the
-`mfu` and `hbm_bandwidth_use` fractions. The environment variable `BENCH_DEVICE_KIND` replaces
-the device kind (accelerator.sh --dry-run sets it, so that a CPU smoke run fills every field).
+`peaks(kind)` returns the row of a `jax.Device.device_kind` (or None for an unknown device, e.g.
+a CPU: the benchmarks then keep their measured matmul peak); `utilisation(...)` turns measured
+FLOP/s and bytes/s into the `mfu` and `hbm_bandwidth_use` fractions. The environment variable
+`BENCH_DEVICE_KIND` replaces the device kind (accelerator.sh --dry-run sets it, so that a CPU smoke
+run fills every field).
 """
 
 from __future__ import annotations
 
 import os
 
-T = 1e12
+from jax_ppo.diagnostics.chips import CHIPS, chip_for
+
 DEVICE_PEAKS: dict[str, dict[str, float]] = {
-    "H200": dict(bf16_flops=989 * T, fp32_flops=494.7 * T, hbm_bytes_s=4.8 * T),
-    "H100 PCIe": dict(bf16_flops=756 * T, fp32_flops=378 * T, hbm_bytes_s=2.0 * T),
-    "H100": dict(bf16_flops=989 * T, fp32_flops=494.7 * T, hbm_bytes_s=3.35 * T),
-    "A100 80GB PCIe": dict(bf16_flops=312 * T, fp32_flops=156 * T, hbm_bytes_s=1.935 * T),
-    "A100-SXM4-80GB": dict(bf16_flops=312 * T, fp32_flops=156 * T, hbm_bytes_s=2.039 * T),
-    "A100": dict(bf16_flops=312 * T, fp32_flops=156 * T, hbm_bytes_s=1.555 * T),
-    "L4": dict(bf16_flops=121 * T, fp32_flops=60 * T, hbm_bytes_s=0.3 * T),
-    "TPU v5p": dict(bf16_flops=459 * T, fp32_flops=459 * T / 3, hbm_bytes_s=2.765 * T),
-    "TPU v5 lite": dict(bf16_flops=197 * T, fp32_flops=197 * T / 3, hbm_bytes_s=0.819 * T),
-    "TPU v4": dict(bf16_flops=275 * T, fp32_flops=275 * T / 3, hbm_bytes_s=1.2 * T),
+    chip.name: dict(bf16_flops=chip.bf16_flops, fp32_flops=chip.fp32_flops,
+                    hbm_bytes_s=chip.hbm_bytes_s)
+    for chip in CHIPS
 }
 
 
 def peaks(device_kind: str) -> dict[str, float] | None:
-  """The `DEVICE_PEAKS` row whose key occurs in `device_kind`, or None."""
-  for key, row in DEVICE_PEAKS.items():
-    if key.lower() in device_kind.lower():
-      return {"table_key": key, **row}
-  return None
+  """The `DEVICE_PEAKS` row of `device_kind` (`chips.chip_for`), or None."""
+  chip = chip_for(device_kind)
+  return None if chip is None else {"table_key": chip.name, **DEVICE_PEAKS[chip.name]}
 
 
 def utilisation(device_kind: str, *, dtype: str = "float32", flops_per_s: float | None = None,
