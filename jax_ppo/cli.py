@@ -6,6 +6,8 @@
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
     jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
+    jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--json PATH]
+                                              # compile the run for a TPU slice from this host
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
 fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the
@@ -75,6 +77,23 @@ def _parser() -> argparse.ArgumentParser:
   export.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
   export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                       help="dtype of the written weights (default: as trained)")
+  plan = commands.add_parser(
+      "plan", help="compile a run's programs for a TPU slice on this host: per-chip HBM, fit, "
+                   "roofline time",
+      description="Compile the programs of a `jax-ppo train` run (the sampler, the experience and "
+                  "update programs) ahead of time for a TPU slice that need not be present, with "
+                  "the run's mesh over its chips and abstract parameters (the policy's "
+                  "config.json only, no weights), and print per chip: peak HBM, argument and "
+                  "temporary bytes, FLOPs and bytes accessed (every loop trip counted) and the "
+                  "roofline time; `fits` says whether every program's peak fits the chip's HBM. "
+                  "Needs libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.plan).",
+  )
+  plan.add_argument("args", nargs="*", metavar="CONFIG | key=value")
+  plan.add_argument("--topology", required=True,
+                    help="TPU slice, e.g. v5e:2x2, v5e:2x4, v5p:2x2x4, v6e:2x2")
+  plan.add_argument("--json", dest="json_path", metavar="PATH", help="also write the plan here")
+  plan.add_argument("--prompt-length", type=int, default=512,
+                    help="prompt tokens per row (rounded up to the sampler's bucket; default 512)")
   for name, what, example in (
       ("sft", "supervised fine-tuning of a local Hugging Face causal LM (the SFT stage)",
        "model_path=models/qwen3 train_path=sft.jsonl sft.optimizer.learning_rate=1e-5"),
@@ -117,6 +136,24 @@ def _run_stage(command: str, argv: Sequence[str]) -> int:
   return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+  """`jax-ppo plan`: prints the plan's table (and writes its JSON to `--json`)."""
+  from jax_ppo.diagnostics.topology import require_libtpu
+
+  require_libtpu()  # before reading anything: one line naming the extra
+  from jax_ppo.diagnostics.plan import format_plan, plan_run, run_shape
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  config = load_run_config(args.args)
+  plan = plan_run(run_shape(config, prompt_length=args.prompt_length), args.topology)
+  print(format_plan(plan))
+  if args.json_path:
+    with open(args.json_path, "w", encoding="utf-8") as f:
+      json.dump(plan.to_json(), f, indent=2)
+      f.write("\n")
+  return 0
+
+
 def _one_line(error: BaseException) -> str:
   text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
   if not text:
@@ -144,6 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   try:
     if args.command in ("sft", "reward"):
       return _run_stage(args.command, args.args)
+    if args.command == "plan":
+      return _plan(args)
     if args.command == "train":
       from jax_ppo.parallel.distributed import initialize
 

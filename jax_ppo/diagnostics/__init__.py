@@ -1,5 +1,8 @@
 """jax_ppo.diagnostics: checks that stand on the stages.
 
 `memory` (the per-device memory plan of a PPO update, compiled without running it),
-`scale_check` (does the sharded update equal the single-device one on this machine's devices).
+`scale_check` (does the sharded update equal the single-device one on this machine's devices),
+`plan` (a run's programs compiled ahead of time for a TPU slice from a CPU host: per-chip HBM,
+fit, loop-corrected FLOPs and bytes, roofline time; `jax-ppo plan`), `topology` (the slice's
+devices from libtpu); the accelerators' datasheet table is `jax_ppo.parallel.chips`.
 """

@@ -30,7 +30,9 @@ from jax_ppo.models.transformer import CausalLM, layer_loop
 from jax_ppo.parallel.jit import shardings_for
 
 
-def _with_shardings(tree: Any, role: str, mesh: Mesh) -> Any:
+def placed_abstract(tree: Any, role: str, mesh: Mesh) -> Any:
+  """`tree`'s arrays as `jax.ShapeDtypeStruct`s carrying the `NamedSharding`s of `role`
+  ("params", "batch" or "replicated"; `jax_ppo.parallel.jit.shardings_for`) on `mesh`."""
   shardings = shardings_for(role, tree, mesh)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       tree, shardings)
@@ -84,8 +86,8 @@ def update_memory(model_config: ModelConfig, ppo_config, mesh: Mesh, *, prompt_l
   state = jax.eval_shape(
       lambda p: init_train_state(c, optimizer, policy=p, value=None,
                                  rng=jax.random.PRNGKey(0)), params)
-  state = _with_shardings(state, "params", mesh)
-  frozen = _with_shardings(FrozenParams(policy_rest=rest, ref=params, value_rest=None,
+  state = placed_abstract(state, "params", mesh)
+  frozen = placed_abstract(FrozenParams(policy_rest=rest, ref=params, value_rest=None,
                                         reward=None), "params", mesh)
   b, t = c.batch_size, c.sampling.max_new_tokens
   n = prompt_length + t
@@ -97,8 +99,8 @@ def update_memory(model_config: ModelConfig, ppo_config, mesh: Mesh, *, prompt_l
       old_values=tokens(b, t, dt=jnp.float32), advantages=tokens(b, t, dt=jnp.float32),
       returns=tokens(b, t, dt=jnp.float32),
   )
-  batch = _with_shardings(batch, "batch", mesh)
-  kl = _with_shardings(jax.ShapeDtypeStruct((), jnp.float32), "replicated", mesh)
+  batch = placed_abstract(batch, "batch", mesh)
+  kl = placed_abstract(jax.ShapeDtypeStruct((), jnp.float32), "replicated", mesh)
   compiled = steps.update.lower(state, frozen, batch, kl).compile()
   analysis = compiled.memory_analysis()
   return {

@@ -49,6 +49,8 @@ class MeshJit:
     in_roles: one role per positional argument.
     out_roles: the role of the output, or a tuple of roles for a tuple output.
     donate_argnums: as in `jax.jit`.
+    keep_unused: as in `jax.jit`: True keeps arguments the program never reads among its
+      parameters (so `memory_analysis()` counts every array the caller holds on the devices).
   """
 
   def __init__(
@@ -59,6 +61,7 @@ class MeshJit:
       in_roles: Sequence[str],
       out_roles: str | Sequence[str],
       donate_argnums: tuple[int, ...] = (),
+      keep_unused: bool = False,
   ):
     for role in (*in_roles, *((out_roles,) if isinstance(out_roles, str) else out_roles)):
       if role not in ROLES:
@@ -68,6 +71,7 @@ class MeshJit:
     self.in_roles = tuple(in_roles)
     self.out_roles = out_roles
     self.donate_argnums = donate_argnums
+    self.keep_unused = keep_unused
     self._jitted: dict[Any, tuple[Any, Any]] = {}
 
   def _build(self, args):
@@ -80,7 +84,7 @@ class MeshJit:
       out_sh = tuple(shardings_for(r, o, self.mesh)
                      for r, o in zip(self.out_roles, out, strict=True))
     jitted = jax.jit(self.fn, in_shardings=in_sh, out_shardings=out_sh,
-                     donate_argnums=self.donate_argnums)
+                     donate_argnums=self.donate_argnums, keep_unused=self.keep_unused)
     return jitted, in_sh
 
   def _entry(self, args):

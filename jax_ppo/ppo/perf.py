@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from jax_ppo.parallel.chips import chip_spec
+from jax_ppo.parallel.chips import chip_for
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ def job_peak_flops(dtype=jnp.float32, devices: Sequence[jax.Device] | None = Non
     host share its cores, so they are not counted one by one.
   """
   devices = list(jax.devices() if devices is None else devices)
-  spec = chip_spec(devices[0].device_kind)
-  if spec is not None:
-    return spec.peak_flops(dtype) * len(devices)
+  chip = chip_for(devices[0].device_kind)
+  if chip is not None:
+    return chip.peak_flops(jnp.dtype(dtype).name) * len(devices)
   if devices[0].platform != "cpu":
     logger.warning("No datasheet peak for device kind %r (jax_ppo.parallel.chips.CHIPS); the "
                    "mfu metric uses a measured matmul rate instead.", devices[0].device_kind)

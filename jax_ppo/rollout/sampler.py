@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,7 @@ from jax_ppo.core import (
   position_ids_from_mask,
   response_mask_from_stop_tokens,
 )
+from jax_ppo.models.cache import KVCache
 from jax_ppo.models.errors import VocabularyError
 from jax_ppo.parallel.jit import MeshJit, compiled_programs
 from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
@@ -84,6 +86,59 @@ class Rollout:
     return jnp.sum(self.response_mask, axis=1).astype(jnp.int32)
 
 
+class DecodeCarry(NamedTuple):
+  """The carry of `generate`'s decode loop (`B` rows, `T = max_new_tokens`).
+
+  Attributes:
+    step: `[]` int32, the response step sampled by the next iteration.
+    token: `[B]` int32, the token sampled at `step - 1` (fed to the model next).
+    done: `[B]` bool, the row has sampled a stop token.
+    done_before: `[B]` bool, the row had finished before `step - 1` (its token is padding).
+    tokens: `[B, T]` int32 sampled ids so far (PAD after a row finished).
+    logprobs: `[B, T]` float32 their behaviour log-probs (0 after a row finished).
+    cache: the `KVCache` holding the prompt and the tokens fed so far.
+  """
+
+  step: Array
+  token: Array
+  done: Array
+  done_before: Array
+  tokens: Array
+  logprobs: Array
+  cache: KVCache
+
+
+def stop_id_array(config: SamplingConfig) -> Array:
+  """`config.stop_token_ids` as an int32 array (`[-1]`, which no token matches, when empty)."""
+  return jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+
+
+def emit_token(step, logits: Array, done: Array, tokens: Array, logprobs: Array, *, rng: Array,
+               config: SamplingConfig) -> tuple[Array, Array, Array, Array]:
+  """Samples response step `step` from `logits` `[B, V]` with `fold_in(rng, step)` for the rows
+  not `done` `[B]` (finished rows get PAD and log-prob 0), writes it into `tokens` / `logprobs`
+  `[B, T]`; returns `(token [B], done, tokens, logprobs)`, `done` updated by the stop ids."""
+  tok, lp = sample_tokens(jax.random.fold_in(rng, step), logits, temperature=config.temperature,
+                          top_k=config.top_k, top_p=config.top_p, greedy=config.greedy)
+  tok = jnp.where(done, config.pad_token_id, tok)
+  lp = jnp.where(done, 0.0, lp)
+  tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
+  logprobs = jax.lax.dynamic_update_slice(logprobs, lp[:, None], (0, step))
+  done = done | jnp.isin(tok, stop_id_array(config))
+  return tok, done, tokens, logprobs
+
+
+def decode_body(model, carry: DecodeCarry, *, rng: Array, config: SamplingConfig) -> DecodeCarry:
+  """One iteration of `generate`'s decode loop: feeds `carry.token` (a real token unless its row
+  had already finished) through `model.decode_step`, then samples step `carry.step`
+  (`emit_token`). `jax_ppo.diagnostics.plan` compiles it alone to count the loop's cost."""
+  logits, cache = model.decode_step(carry.token, carry.cache, valid=~carry.done_before)
+  tok, done, tokens, logprobs = emit_token(carry.step, logits, carry.done, carry.tokens,
+                                           carry.logprobs, rng=rng, config=config)
+  return DecodeCarry(step=carry.step + 1, token=tok, done=done, done_before=carry.done,
+                     tokens=tokens, logprobs=logprobs, cache=cache)
+
+
 def generate(
     graphdef: nnx.GraphDef,
     state: nnx.State | tuple[nnx.State, ...],
@@ -117,14 +172,7 @@ def generate(
   n, t_max = config.n_samples, config.max_new_tokens
   p, s = input_ids.shape
   b = p * n
-  stop_ids = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
-  sample = functools.partial(
-      sample_tokens,
-      temperature=config.temperature,
-      top_k=config.top_k,
-      top_p=config.top_p,
-      greedy=config.greedy,
-  )
+  stop_ids = stop_id_array(config)
 
   # The last sampled token is never fed back, so the cache needs S + T - 1 slots.
   cache = model.init_cache(batch_size=p, max_length=s + t_max - 1, dtype=cache_dtype)
@@ -142,38 +190,24 @@ def generate(
   if mesh is not None:
     cache = constrain(cache, cache_shardings(cache, mesh))
 
-  def emit(step, logits, done, tokens, logprobs):
-    """Samples step `step` from `logits` [B, V] for unfinished rows and records it."""
-    tok, lp = sample(jax.random.fold_in(rng, step), logits)
-    tok = jnp.where(done, config.pad_token_id, tok)
-    lp = jnp.where(done, 0.0, lp)
-    tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
-    logprobs = jax.lax.dynamic_update_slice(logprobs, lp[:, None], (0, step))
-    done = done | jnp.isin(tok, stop_ids)
-    return tok, done, tokens, logprobs
-
   tokens = jnp.full((b, t_max), config.pad_token_id, jnp.int32)
   logprobs = jnp.zeros((b, t_max), jnp.float32)
   done0 = jnp.zeros((b,), bool)
-  tok, done, tokens, logprobs = emit(0, logits, done0, tokens, logprobs)
+  tok, done, tokens, logprobs = emit_token(0, logits, done0, tokens, logprobs, rng=rng,
+                                           config=config)
 
-  def cond(carry):
-    step, _, done, *_ = carry
-    keep_going = step < t_max
+  def cond(carry: DecodeCarry):
+    keep_going = carry.step < t_max
     if config.early_stop:
-      keep_going &= ~jnp.all(done)
+      keep_going &= ~jnp.all(carry.done)
     return keep_going
 
-  def body(carry):
-    step, tok, done, done_before, tokens, logprobs, cache = carry
-    # Feed the previous token; it is a real token unless its row had already finished.
-    logits, cache = model.decode_step(tok, cache, valid=~done_before)
-    new_done_before = done
-    tok, done, tokens, logprobs = emit(step, logits, done, tokens, logprobs)
-    return step + 1, tok, done, new_done_before, tokens, logprobs, cache
-
-  carry = (jnp.asarray(1, jnp.int32), tok, done, done0, tokens, logprobs, cache)
-  _, _, done, _, tokens, logprobs, _ = jax.lax.while_loop(cond, body, carry)
+  carry = DecodeCarry(step=jnp.asarray(1, jnp.int32), token=tok, done=done, done_before=done0,
+                      tokens=tokens, logprobs=logprobs, cache=cache)
+  carry = jax.lax.while_loop(
+      cond, lambda carry: decode_body(model, carry, rng=rng, config=config), carry)
+  tokens = carry.tokens
+  logprobs = carry.logprobs
 
   # Recomputing the mask from the tokens gives exactly "through the first stop token".
   response_mask = response_mask_from_stop_tokens(tokens, stop_ids)
@@ -424,11 +458,15 @@ class Sampler:
 
 
 __all__ = [
+    "DecodeCarry",
     "Rollout",
     "Sampler",
     "choose_micro_batch",
+    "decode_body",
+    "emit_token",
     "estimate_generation_bytes",
     "generate",
     "kv_cache_bytes",
     "param_bytes",
+    "stop_id_array",
 ]

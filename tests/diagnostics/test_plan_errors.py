@@ -1,0 +1,116 @@
+"""`jax-ppo plan` without compiling anything (no libtpu needed): the one-line errors (libtpu
+missing, its lock held by another process, an unknown topology, a program that does not
+compile), the datasheet table and the loop-trip arithmetic of `jax_ppo.diagnostics.plan`."""
+
+import json
+
+import pytest
+from jax.experimental import topologies
+
+from jax_ppo import cli
+from jax_ppo.diagnostics import plan, topology
+from jax_ppo.parallel import chips
+from jax_ppo.ppo.config import PPOConfig, PPOSampling
+
+
+def _run_config(tmp_path):
+  import transformers
+
+  policy = tmp_path / "policy"
+  transformers.Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=8, max_position_embeddings=64).save_pretrained(policy)
+  path = tmp_path / "run.json"
+  path.write_text(json.dumps({"policy_path": str(policy), "prompts_path": "prompts.txt",
+                              "run_dir": str(tmp_path / "run"), "reward_function": "length"}))
+  return str(path)
+
+
+def test_missing_libtpu_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: False)
+  with pytest.raises(topology.PlanError, match=r"pip install \"jax_ppo\[tpu\]\""):
+    topology.tpu_devices("v5e:2x2")
+  rc = cli.main(["plan", _run_config(tmp_path), "--topology", "v5e:2x2"])
+  err = capsys.readouterr().err
+  assert rc == 2 and err.count("\n") == 1
+  assert "jax-ppo plan: error:" in err and "jax_ppo[tpu]" in err and "libtpu" in err
+
+
+@pytest.mark.skipif(topology.libtpu_installed(), reason="libtpu is installed in this venv")
+def test_this_environment_has_no_libtpu_and_says_so(tmp_path, capsys):
+  assert cli.main(["plan", _run_config(tmp_path), "--topology", "v5e:2x4"]) == 2
+  assert "jax_ppo[tpu]" in capsys.readouterr().err
+
+
+def test_held_lock_names_the_lock_file(monkeypatch):
+  def busy(**_):  # what libtpu raises when another process holds its lock
+    raise RuntimeError("ABORTED: Internal error when accessing libtpu multi-process lockfile. "
+                       'Run "$ sudo rm /tmp/libtpu_lockfile".')
+
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: True)
+  monkeypatch.setattr(topologies, "get_topology_desc", busy)
+  with pytest.raises(topology.PlanError) as e:
+    topology.tpu_devices("v5e:2x2")
+  assert "another process" in str(e.value) and "/tmp/libtpu_lockfile" in str(e.value)
+  assert "sudo rm" not in str(e.value)  # removing the lock of a live process is not the fix
+
+
+def test_unknown_topology_names_it(monkeypatch):
+  def unknown(**_):
+    raise RuntimeError('INVALID_ARGUMENT: Topology layout "v5e:9x9" is not divisible')
+
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: True)
+  monkeypatch.setattr(topologies, "get_topology_desc", unknown)
+  with pytest.raises(topology.PlanError, match=r"'v5e:9x9'.*not divisible"):
+    topology.tpu_devices("v5e:9x9")
+
+
+def test_a_program_that_does_not_compile_is_named_with_the_topology():
+  def refuse(*_):
+    raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore lines")
+
+  with pytest.raises(plan.PlanError) as e:
+    plan.compile_program("experience_update", plan.Program(refuse, ()), topology="v5e:2x4")
+  assert str(e.value) == ("program 'experience_update' does not compile for TPU topology "
+                          "'v5e:2x4': RESOURCE_EXHAUSTED: out of memory")
+
+
+def test_plan_refuses_runs_it_does_not_cover_yet(tmp_path):
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  config = load_run_config([_run_config(tmp_path), "reward_function=null",
+                            f"reward_model_path={tmp_path / 'policy'}"])
+  with pytest.raises(plan.PlanError, match="reward model"):
+    plan.run_shape(config, prompt_length=100)
+  shape = plan.run_shape(load_run_config([_run_config(tmp_path)]), prompt_length=100)
+  assert shape.prompt_length == 128 and shape.model.num_layers == 1  # bucketed; config.json
+
+
+def test_datasheet_rows_and_roofline():
+  for kind, name in (("TPU v5 lite", "TPU v5 lite"), ("TPU v5", "TPU v5p"),
+                     ("TPU v6 lite", "TPU v6 lite"), ("NVIDIA H100 80GB HBM3", "H100"),
+                     ("NVIDIA H200", "H200"), ("NVIDIA H100 PCIe", "H100 PCIe")):
+    assert chips.chip_for(kind).name == name
+  assert chips.chip_for("cpu") is None
+  v5e = chips.chip_for("TPU v5 lite")
+  assert v5e.hbm_bytes == 16 * 2**30 and v5e.bf16_flops == 197e12
+  # 1.97 TFLOP at 197 TFLOP/s is 10 ms; 8.19 GB at 819 GB/s is 10 ms too: the larger wins.
+  assert chips.roofline_seconds(1.97e12, 1e9, v5e, dtype="bfloat16") == pytest.approx(0.01)
+  assert chips.roofline_seconds(1e9, 8.19e9, v5e, dtype="bfloat16") == pytest.approx(0.01)
+  assert chips.roofline_seconds(1.97e12, 0, v5e, dtype="float32") == pytest.approx(0.03)
+
+
+def test_loop_trips_are_counted_back():
+  cost = lambda f: plan.Cost(f, 10 * f)  # noqa: E731
+  xla = {"generate": cost(100), "decode_step": cost(7), "experience": cost(50),
+         "update": cost(1000), "microbatch_grad": cost(300), "optimizer_step": cost(20)}
+  ppo = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=16), ppo_epochs=3,
+                  num_minibatches=2, gradient_accumulation_steps=2)
+  out = plan.loop_corrected(xla, ppo, max_new_tokens=16)
+  # the XLA count holds one decode step, one microbatch gradient and one optimizer step
+  assert out["generate"] == cost(100 + 14 * 7)
+  assert out["update"] == cost(1000 + (3 * 2 * 2 - 1) * 300 + (3 * 2 - 1) * 20)
+  assert out["experience"] == cost(50)
+  fused = plan.loop_corrected({**xla, "experience_update": cost(900)},
+                              PPOConfig(batch_size=8, ppo_epochs=4), max_new_tokens=16)
+  assert fused["experience_update"] == cost(900 + 2 * 320)
