@@ -48,6 +48,16 @@ def check_per_token(name: str, x, layout: str, token_name: str, tokens) -> None:
     )
 
 
+def check_per_row(name: str, x, ref_name: str, ref) -> None:
+  """Raises unless the `[B]` array `x` has one entry per row of the `[B, T]` array `ref`."""
+  check_rank(name, x, 1, "[B]")
+  if shape_of(x)[0] != shape_of(ref)[0]:
+    raise ValueError(
+        f"`{name}` [B] must match the batch of `{ref_name}` [B, T]: `{name}` {shape_of(x)}, "
+        f"`{ref_name}` {shape_of(ref)}."
+    )
+
+
 def is_concrete(x) -> bool:
   """True for Python numbers and non-traced arrays, whose value can be checked now."""
   return not isinstance(x, jax.core.Tracer)

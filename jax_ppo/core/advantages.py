@@ -113,13 +113,7 @@ def gae_from_dones(
   """
   _checks.check_rank("rewards", rewards, 2, "[B, T]")
   _checks.check_same_shape(rewards=rewards, values=values, dones=dones)
-  _checks.check_rank("bootstrap_value", bootstrap_value, 1, "[B]")
-  if _checks.shape_of(bootstrap_value)[0] != _checks.shape_of(rewards)[0]:
-    raise ValueError(
-        f"`bootstrap_value` [B] must match the batch of `rewards` [B, T]: "
-        f"`bootstrap_value` {_checks.shape_of(bootstrap_value)}, "
-        f"`rewards` {_checks.shape_of(rewards)}."
-    )
+  _checks.check_per_row("bootstrap_value", bootstrap_value, "rewards", rewards)
   _check_discounts(gamma, lam)
   v = jnp.asarray(values, jnp.float32)
   not_done = 1.0 - jnp.asarray(dones, jnp.float32)

@@ -242,12 +242,7 @@ def gspo_policy_loss(
   """
   _checks.check_rank("logprobs", logprobs, 2, "[B, T]")
   _checks.check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
-  _checks.check_rank("advantages", advantages, 1, "[B]")
-  if _checks.shape_of(advantages)[0] != _checks.shape_of(logprobs)[0]:
-    raise ValueError(
-        f"`advantages` [B] and `logprobs` [B, T] disagree on B: `advantages` "
-        f"{_checks.shape_of(advantages)}, `logprobs` {_checks.shape_of(logprobs)}."
-    )
+  _checks.check_per_row("advantages", advantages, "logprobs", logprobs)
   _checks.check_scalar_range("clip_eps", clip_eps, low=0.0, low_inclusive=False)
   _checks.check_scalar_range("clip_eps_high", clip_eps_high, low=0.0, low_inclusive=False)
   valid = jnp.asarray(mask) != 0
