@@ -8,6 +8,7 @@ one JSON object on its last stdout line, which is returned.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -120,3 +121,21 @@ def run_processes_of(script: str | os.PathLike, *args: str, num_processes: int,
     tails = "\n".join(f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(outputs))
     raise AssertionError(f"{path.name}: {failure or f'exit codes {codes}'}\n{tails}")
   return outputs
+
+
+def run_job_beside_reference(script: str | os.PathLike, root: str | os.PathLike, *,
+                             devices: int) -> None:
+  """Runs `script ROOT one` in one process with `devices` fake CPU devices (the reference) and,
+  at the same time, `script ROOT two` as a job of 2 processes with `devices / 2` each (the
+  reference runs beside the job: the job's processes often wait for each other in collectives).
+  Each process writes `ROOT/<name>_process<id>.json` (`read_process_result`)."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    reference = pool.submit(run_on_devices, script, str(root), "one", devices=devices)
+    run_processes_of(script, str(root), "two", num_processes=2,
+                     devices_per_process=devices // 2)
+    reference.result()
+
+
+def read_process_result(root: str | os.PathLike, name: str, pid: int) -> dict:
+  """The JSON that process `pid` of run `name` ("one" or "two") wrote into `root`."""
+  return json.loads((pathlib.Path(root) / f"{name}_process{pid}.json").read_text())

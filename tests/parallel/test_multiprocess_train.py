@@ -9,14 +9,13 @@ metrics, samples, config, plots, evaluation and the exported model (the processe
 file writes with an audit hook, `scripts/multiprocess_train.py`).
 """
 
-import concurrent.futures
 import json
 
 import numpy as np
 import pytest
 import safetensors.numpy
 import yaml
-from multidevice import run_on_devices, run_processes_of
+from multidevice import read_process_result, run_job_beside_reference
 
 from tests import tiny_hf_run
 
@@ -60,16 +59,8 @@ def runs(tmp_path_factory):
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))
-  # The reference runs beside the job: its processes often wait for each other in collectives.
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    reference = pool.submit(run_on_devices, SCRIPT, str(root), "one", devices=8)
-    run_processes_of(SCRIPT, str(root), "two", num_processes=2, devices_per_process=4)
-    reference.result()
+  run_job_beside_reference(SCRIPT, root, devices=8)
   return root
-
-
-def _result(root, name, pid):
-  return json.loads((root / f"{name}_process{pid}.json").read_text())
 
 
 @pytest.mark.slow
@@ -77,7 +68,7 @@ def test_two_processes_train_resume_and_export_like_one(runs):
   root = runs
   for name, pids in (("one", [0]), ("two", [0, 1])):
     for pid in pids:
-      r = _result(root, name, pid)
+      r = read_process_result(root, name, pid)
       assert r["codes"] == [0, 0] and r["step"] == 3 and r["devices"] == 8
       assert r["processes"] == len(pids) and r["process"] == pid
       assert r["retokenize"] == [None, True]  # (the reward model re-tokenizes the texts)
@@ -125,7 +116,7 @@ def test_two_processes_train_resume_and_export_like_one(runs):
 @pytest.mark.slow
 def test_only_process_zero_writes_files(runs):
   root = runs
-  main, other = (_result(root, "two", pid)["writes"] for pid in (0, 1))
+  main, other = (read_process_result(root, "two", pid)["writes"] for pid in (0, 1))
   outside_checkpoints = [w for w in other if "/checkpoints" not in w[1]]
   assert outside_checkpoints == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}

@@ -8,7 +8,6 @@ writes the metrics, config, normalisation record and exported model (the process
 file writes with an audit hook, `scripts/multiprocess_reward.py`).
 """
 
-import concurrent.futures
 import json
 import pathlib
 
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from tests import tiny_hf_run
-from tests.parallel.multidevice import run_on_devices, run_processes_of
+from tests.parallel.multidevice import read_process_result, run_job_beside_reference
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "multiprocess_reward.py"
 
@@ -42,16 +41,8 @@ def runs(tmp_path_factory):
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))
-  # The reference runs beside the job: its processes often wait for each other in collectives.
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    reference = pool.submit(run_on_devices, SCRIPT, str(root), "one", devices=8)
-    run_processes_of(SCRIPT, str(root), "two", num_processes=2, devices_per_process=4)
-    reference.result()
+  run_job_beside_reference(SCRIPT, root, devices=8)
   return root
-
-
-def _result(root, name, pid):
-  return json.loads((root / f"{name}_process{pid}.json").read_text())
 
 
 def _metrics(root, name):
@@ -65,7 +56,7 @@ def test_two_processes_train_normalise_and_export_like_one(runs):
   root = runs
   for name, pids in (("one", [0]), ("two", [0, 1])):
     for pid in pids:
-      r = _result(root, name, pid)
+      r = read_process_result(root, name, pid)
       assert r["code"] == 0 and r["devices"] == 8
       assert r["processes"] == len(pids) and r["process"] == pid
       # Each process put only its own rows of each training batch of 8 (and each eval or
@@ -93,7 +84,7 @@ def test_two_processes_train_normalise_and_export_like_one(runs):
 @pytest.mark.slow
 def test_only_process_zero_writes_files(runs):
   root = runs
-  main, other = (_result(root, "two", pid)["writes"] for pid in (0, 1))
+  main, other = (read_process_result(root, "two", pid)["writes"] for pid in (0, 1))
   assert [w for w in other if "/checkpoints" not in w[1]] == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}
   # (safetensors and tokenizers write from Rust, unseen by the audit hook)

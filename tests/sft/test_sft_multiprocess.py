@@ -9,7 +9,6 @@ global arrays; only process 0 writes the metrics, config and exported model (the
 record their file writes with an audit hook, `scripts/multiprocess_sft.py`).
 """
 
-import concurrent.futures
 import json
 import pathlib
 
@@ -19,7 +18,7 @@ import safetensors.numpy
 import yaml
 
 from tests import tiny_hf_run
-from tests.parallel.multidevice import run_on_devices, run_processes_of
+from tests.parallel.multidevice import read_process_result, run_job_beside_reference
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "multiprocess_sft.py"
 
@@ -39,16 +38,8 @@ def runs(tmp_path_factory):
       "compilation_cache_dir": str(root / "xla_cache"),
   }
   (root / "config.yaml").write_text(yaml.safe_dump(config))
-  # The reference runs beside the job: its processes often wait for each other in collectives.
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    reference = pool.submit(run_on_devices, SCRIPT, str(root), "one", devices=4)
-    run_processes_of(SCRIPT, str(root), "two", num_processes=2, devices_per_process=2)
-    reference.result()
+  run_job_beside_reference(SCRIPT, root, devices=4)
   return root
-
-
-def _result(root, name, pid):
-  return json.loads((root / f"{name}_process{pid}.json").read_text())
 
 
 @pytest.mark.slow
@@ -56,7 +47,7 @@ def test_two_processes_train_resume_evaluate_and_export_like_one(runs):
   root = runs
   for name, pids in (("one", [0]), ("two", [0, 1])):
     for pid in pids:
-      r = _result(root, name, pid)
+      r = read_process_result(root, name, pid)
       assert r["codes"] == [0, 0] and r["devices"] == 4
       assert r["processes"] == len(pids) and r["process"] == pid
       first, second = r["summaries"]
@@ -64,7 +55,7 @@ def test_two_processes_train_resume_evaluate_and_export_like_one(runs):
       assert (second["step"], second["steps_run"], second["complete"]) == (3, 1, True)
       # Each process placed only its rows of every global batch (fsdp spans the processes).
       assert r["placed"] and all(local * len(pids) == rows for local, rows in r["placed"])
-  one, two = (_result(root, name, 0)["summaries"][1] for name in ("one", "two"))
+  one, two = (read_process_result(root, name, 0)["summaries"][1] for name in ("one", "two"))
   # The held-out evaluation is global: the same token mean on both.
   assert two["eval/loss"] == pytest.approx(one["eval/loss"], abs=1e-5)
   assert two["train/loss"] == pytest.approx(one["train/loss"], abs=1e-5)
@@ -89,7 +80,7 @@ def test_two_processes_train_resume_evaluate_and_export_like_one(runs):
 @pytest.mark.slow
 def test_only_process_zero_writes_files(runs):
   root = runs
-  main, other = (_result(root, "two", pid)["writes"] for pid in (0, 1))
+  main, other = (read_process_result(root, "two", pid)["writes"] for pid in (0, 1))
   assert [w for w in other if "/checkpoints" not in w[1]] == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}
   # (safetensors and tokenizers write from Rust, unseen by the audit hook)
