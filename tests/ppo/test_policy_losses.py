@@ -3,6 +3,7 @@ GSPO / CISPO / Dr. GRPO updates with their microbatch weighting, DAPO's overlong
 rollout correction between a bfloat16 sampler and a float32 trainer."""
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,8 @@ def test_the_table_is_the_config_choices_and_each_entry_is_its_core_loss():
   lp = old + jnp.asarray(rng.normal(scale=0.3, size=(3, 4)), jnp.float32)
   mask = jnp.asarray([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], bool)
   adv_seq = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
-  mb = batch_view_like(old, mask, jnp.where(mask, adv_seq[:, None], 0.0))
+  mb = types.SimpleNamespace(old_logprobs=old, response_mask=mask,  # the fields read
+                             advantages=jnp.where(mask, adv_seq[:, None], 0.0))
   c = _config(clip_eps=0.1, clip_eps_high=0.3)
   np.testing.assert_array_equal(
       POLICY_LOSS_FNS["ppo"](c, lp, mb)[0],
@@ -58,15 +60,6 @@ def test_the_table_is_the_config_choices_and_each_entry_is_its_core_loss():
   np.testing.assert_array_equal(
       POLICY_LOSS_FNS["cispo"](c, lp, mb)[0],
       core.cispo_policy_loss(lp, old, mb.advantages, mask, clip_eps_high=0.3)[0])
-
-
-def batch_view_like(old, mask, advantages):
-  class MB:
-    pass
-
-  mb = MB()
-  mb.old_logprobs, mb.response_mask, mb.advantages = old, mask, advantages
-  return mb
 
 
 GRPO = dict(advantage_mode="grpo", n_samples=2, num_minibatches=1, ppo_epochs=1)
