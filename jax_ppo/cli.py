@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
                   "config.json only, no weights), and print per chip: peak HBM, argument and "
                   "temporary bytes, FLOPs and bytes accessed (every loop trip counted) and the "
                   "roofline time; `fits` says whether every program's peak fits the chip's HBM. "
-                  "Needs libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.plan).",
+                  "Needs libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.ppo_plan).",
   )
   plan.add_argument("args", nargs="*", metavar="CONFIG | key=value")
   plan.add_argument("--topology", required=True,
@@ -141,7 +141,8 @@ def _plan(args: argparse.Namespace) -> int:
   from jax_ppo.diagnostics.topology import require_libtpu
 
   require_libtpu()  # before reading anything: one line naming the extra
-  from jax_ppo.diagnostics.plan import format_plan, plan_run, run_shape
+  from jax_ppo.diagnostics.plan import format_plan
+  from jax_ppo.diagnostics.ppo_plan import plan_run, run_shape
   from jax_ppo.runs.ppo_config import load_run_config
 
   config = load_run_config(args.args)

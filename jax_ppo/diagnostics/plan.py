@@ -1,19 +1,11 @@
-"""The programs of a PPO run compiled ahead of time for a TPU slice, from a CPU host.
+"""A run's programs compiled ahead of time for a TPU slice, from a CPU host: what every stage's
+plan shares.
 
-`plan_run(shape, "v5e:2x4")` takes the slice's devices from libtpu
-(`jax.experimental.topologies.get_topology_desc`), lays the run's mesh `(data, fsdp, tensor)`
-over them, builds the policy, its reference, the AdamW state and the rollout as abstract
-`jax.ShapeDtypeStruct`s with their shardings (no weights, nothing allocated) and compiles, with
-the run's own shardings (`jax_ppo.ppo.programs.PROGRAM_ROLES`):
-
-* `generate`: the sampler's prefill and `lax.while_loop` decode (`jax_ppo.rollout.sampler`);
-* `experience` then `update` (epochs x minibatches x microbatches), or `experience_update`, the
-  fused program of a run whose first epoch is one optimizer step on the whole batch;
-* `replay_update` when the run replays batches.
-
-Per program and per chip it reads `compiled.memory_analysis()` (argument, output, aliased and
-temporary bytes) and `compiled.cost_analysis()` (FLOPs, HBM bytes accessed). The chip's peak use
-during a program is
+A stage's plan (`jax_ppo.diagnostics.ppo_plan` for PPO) builds its state and batches as abstract
+`jax.ShapeDtypeStruct`s with the run's shardings over the slice's devices
+(`jax_ppo.diagnostics.topology`), hands each program here as a `Program` and gets back, per
+program and per chip, `compiled.memory_analysis()` (argument, output, aliased and temporary
+bytes) and its loop-corrected costs. The chip's peak use during a program is
 
 .. math::  \\text{peak} = \\text{arguments} + \\text{outputs} - \\text{aliased}
            + \\text{temporaries} + \\text{resident arrays the program does not take}
@@ -24,19 +16,10 @@ when every program's peak is at most the chip's HBM (`jax_ppo.parallel.chips`).
 Loops. XLA's cost analysis counts the body of a `while` loop (every `lax.scan` and
 `lax.while_loop`) once, whatever its trip count. The costs are therefore taken from variants
 compiled with the layers unrolled at depth 1 and 2 and extrapolated in depth (every layer has
-the same shapes), `C(L) = C(1) + (L - 1) (C(2) - C(1))`, and the other loops' missing trips are
-added from their bodies compiled alone (`decode_step`: `jax_ppo.rollout.sampler.decode_body`;
-`microbatch_grad`: one microbatch's `value_and_grad`; `optimizer_step`: one guarded AdamW step),
-with `T = sampling.max_new_tokens`, `E = ppo_epochs`, `M = num_minibatches`, `A =
-gradient_accumulation_steps`:
-
-    generate          = XLA + (T - 2) decode_step      (prefill, then T - 1 decode steps)
-    update            = XLA + (E M A - 1) microbatch_grad + (E M - 1) optimizer_step
-    experience_update = XLA + (E - 2) (microbatch_grad + optimizer_step)        (E >= 2)
-
-The decode loop is counted at its bound (no row stops early), an upper bound of the sampler's
-work. The roofline time of a program is `max(F / F_peak, Q / W_HBM)` on one chip
-(`chips.roofline_seconds`), the compute dtype choosing the peak's row.
+the same shapes), `C(L) = C(1) + (L - 1) (C(2) - C(1))` (`depth_costs`); each stage adds its
+other loops' missing trips from their bodies compiled alone. The roofline time of a program is
+`max(F / F_peak, Q / W_HBM)` on one chip (`chips.roofline_seconds`), the compute dtype choosing
+the peak's row.
 
 libtpu must be installed (`pip install "jax_ppo[tpu]"`, best in a virtual environment of its own:
 with it every JAX process tries to start a TPU runtime) and only one process on a host may load
@@ -46,100 +29,14 @@ it at a time (its lock file, `libtpu_lockfile` in the temporary folder).
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-from flax import nnx
-from jax.sharding import Mesh
-
-from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
-from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
-from jax_ppo.models import (
-  DEFAULT_REMAT,
-  CausalLM,
-  LoRAConfig,
-  ModelConfig,
-  add_lora,
-  layer_loop,
-  load_config,
-)
-from jax_ppo.models import init_cache as new_cache
-from jax_ppo.parallel import rules
+from jax_ppo.diagnostics.topology import PlanError
+from jax_ppo.models import ModelConfig
 from jax_ppo.parallel.chips import Chip, chip_for, roofline_seconds
-from jax_ppo.parallel.jit import MeshJit
-from jax_ppo.parallel.mesh import AXES, MeshConfig
-from jax_ppo.ppo.config import PPOConfig
-from jax_ppo.ppo.loss import coefficients
-from jax_ppo.ppo.programs import PROGRAM_ROLES
-from jax_ppo.ppo.state import FrozenParams, init_train_state
-from jax_ppo.ppo.steps import PPOSteps
-from jax_ppo.rollout.batching import bucket_for
-from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import DecodeCarry, Rollout, decode_body, generate
-from jax_ppo.runs.common import DTYPES
-from jax_ppo.runs.ppo_config import RunConfig
-from jax_ppo.training.optim import make_optimizer
 
-# ---- what is planned -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RunShape:
-  """The shapes of a PPO run, all a plan needs (no weights)."""
-
-  model: ModelConfig
-  """The policy's architecture (`jax_ppo.models.load_config(folder)`: config.json only)."""
-  ppo: PPOConfig
-  """The run's PPO hyperparameters (batch geometry, epochs, sampling, layer loops)."""
-  prompt_length: int = 512
-  """`S`, the (bucketed) prompt slots of every row."""
-  dtype: str = "float32"
-  """Compute dtype name (`jax_ppo.runs.common.DTYPES`); parameters and moments stay float32."""
-  remat: str = DEFAULT_REMAT
-  """Rematerialisation of each layer in the training backward pass."""
-  lora: LoRAConfig | None = None
-  """LoRA adapters instead of a full fine-tune."""
-  mesh: MeshConfig | None = None
-  """Mesh sizes over the slice's chips; None: data parallel over all of them."""
-
-  def __post_init__(self):
-    if not isinstance(self.prompt_length, int) or self.prompt_length < 1:
-      raise ValueError(f"RunShape.prompt_length={self.prompt_length!r}: use an int >= 1.")
-    if self.dtype not in DTYPES:
-      raise ValueError(f"RunShape.dtype={self.dtype!r}: choose one of {list(DTYPES)}.")
-
-
-def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
-  """The `RunShape` of a `jax-ppo train` config: the policy's architecture from its config.json
-  alone (`jax_ppo.models.load_config`, no weights), `prompt_length` rounded up to the sampler's
-  prompt bucket (as a run pads its prompts).
-
-  Raises:
-    PlanError: a run the plan does not cover yet (a reward model, a separate critic, roles on
-      sub-meshes of their own).
-  """
-  models = [config.reward_model_path, config.value_model_path,
-            *(r.model_path for r in config.rewards)]
-  if any(m is not None for m in models) or config.placement.split_roles:
-    raise PlanError(
-        "jax-ppo plan covers the policy's programs only so far: runs with a reward model, a "
-        "separate critic (value_model_path) or roles on sub-meshes (placement) are not planned "
-        "yet; plan the same run with reward_function=... (e.g. reward_function=length) and "
-        "without placement to see the policy's programs.")
-  buckets = SamplingConfig().prompt_buckets
-  return RunShape(model=load_config(config.policy_path), ppo=config.ppo,
-                  prompt_length=bucket_for(prompt_length, buckets, what="--prompt-length"),
-                  dtype=config.dtype, remat=config.remat, lora=config.lora, mesh=config.mesh)
-
-
-def sampling_config(ppo: PPOConfig) -> SamplingConfig:
-  """The sampler's configuration of a run, as `PPOTrainer` builds it (the one place the plan
-  reads the sampling fields of `PPOConfig`)."""
-  return SamplingConfig.from_params(ppo.sampling, n_samples=ppo.n_samples,
-                                    batch_buckets=(ppo.prompts_per_update,))
+# ---- costs ---------------------------------------------------------------------------------
 
 
 def with_layers(config: ModelConfig, num_layers: int) -> ModelConfig:
@@ -174,27 +71,6 @@ def xla_cost(compiled) -> Cost:
   return Cost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)))
 
 
-def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
-                   ) -> dict[str, Cost]:
-  """The programs' costs with every loop trip counted (module docstring), from the XLA costs
-  `xla` of the programs and of the loop bodies compiled alone (`decode_step`,
-  `microbatch_grad`, `optimizer_step`), all with unrolled layers."""
-  e, m, a = ppo.ppo_epochs, ppo.num_minibatches, ppo.gradient_accumulation_steps
-  grad, opt = xla["microbatch_grad"], xla["optimizer_step"]
-  out = {"generate": xla["generate"] + xla["decode_step"] * (max_new_tokens - 2)}
-  for name in ("update", "replay_update"):
-    if name in xla:
-      out[name] = xla[name] + grad * (e * m * a - 1) + opt * (e * m - 1)
-  if "experience" in xla:
-    out["experience"] = xla["experience"]
-  if "experience_update" in xla:
-    out["experience_update"] = xla["experience_update"] + (grad + opt) * max(e - 2, 0)
-  return out
-
-
-# ---- the programs --------------------------------------------------------------------------
-
-
 @dataclasses.dataclass(frozen=True)
 class Program:
   """A program ready to compile: `lower(*args)` (a `MeshJit` or a `jax.jit` under the mesh's
@@ -204,169 +80,6 @@ class Program:
   lower: Callable
   args: tuple
   outside_bytes: int = 0
-
-
-class RunPrograms:
-  """The abstract state and the programs of one PPO run on `mesh`.
-
-  Args:
-    shape: the run.
-    mesh: the device mesh (over a TPU slice's devices, or any other).
-    num_layers: build the model with this many layers (None: the model's own).
-    scan_layers: the layer loop of every program (None: the run's `train_scan_layers` /
-      `rollout_scan_layers`, else the model's scan).
-  """
-
-  def __init__(self, shape: RunShape, mesh: Mesh, *, num_layers: int | None = None,
-               scan_layers: bool | None = None):
-    c = self.ppo = shape.ppo
-    self.mesh = mesh
-    model_config = shape.model if num_layers is None else with_layers(shape.model, num_layers)
-    dtype = DTYPES[shape.dtype]
-
-    def build():
-      model = CausalLM(model_config, dtype=dtype, param_dtype=jnp.float32, remat=shape.remat,
-                       rngs=nnx.Rngs(0))
-      if shape.lora is not None:
-        add_lora(model, shape.lora, rngs=nnx.Rngs(0))
-      if c.uses_critic:
-        model.add_value_head()
-      return model
-
-    model = nnx.eval_shape(build)
-    trainable = (nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"))
-                 if shape.lora is not None else nnx.Param)
-    train_scan = c.train_scan_layers if scan_layers is None else scan_layers
-    rollout_scan = c.rollout_scan_layers if scan_layers is None else scan_layers
-    with layer_loop(model, train_scan):
-      graphdef, params, rest = nnx.split(model, trainable, ...)
-    with layer_loop(model, rollout_scan):
-      self.sampler_graphdef = nnx.split(model)[0]
-    optimizer, schedule = make_optimizer(c.optimizer, c.total_optimizer_steps)
-    self.steps = PPOSteps(c, policy_graphdef=graphdef, value_graphdef=None,
-                          shared_value_head=c.uses_critic, lora=shape.lora is not None,
-                          optimizer=optimizer, schedule=schedule, mesh=mesh)
-    state = jax.eval_shape(lambda p: init_train_state(
-        c, optimizer, policy=p, value=None, rng=jax.random.PRNGKey(c.seed)), params)
-    self.state = placed_abstract(state, "params", mesh)
-    self.frozen = placed_abstract(
-        FrozenParams(policy_rest=rest, ref=None if shape.lora is not None else params,
-                     value_rest=None, reward=None), "params", mesh)
-    self.sampling = sampling_config(c)
-    self.model_config, self.dtype = model_config, dtype
-    self.prompt_length = shape.prompt_length
-
-  @property
-  def resident_bytes(self) -> dict[str, int]:
-    """Per-chip bytes of the arrays a run holds between programs: trainable parameters, the
-    optimizer state, the reference and the frozen rest (LoRA's base weights)."""
-    return {"params": shard_bytes(self.state.params),
-            "optimizer": shard_bytes(self.state.opt_state),
-            "reference": shard_bytes(self.frozen.ref) if self.frozen.ref is not None else 0,
-            "frozen": shard_bytes(self.frozen.policy_rest)}
-
-  def _abstract(self, shape, dtype, role: str = "batch"):
-    return placed_abstract(jax.ShapeDtypeStruct(shape, dtype), role, self.mesh)
-
-  def _mesh_jit(self, fn: Callable, roles: dict) -> Callable:
-    return MeshJit(fn, self.mesh, **roles, keep_unused=True).lower
-
-  def programs(self, *, pieces: bool = False) -> dict[str, Program]:
-    """The run's programs by name (with `pieces`, also the loop bodies `decode_step`,
-    `microbatch_grad` and `optimizer_step` that `loop_corrected` scales)."""
-    c, mesh, sampling = self.ppo, self.mesh, self.sampling
-    p, b, s, t = c.prompts_per_update, c.batch_size, self.prompt_length, sampling.max_new_tokens
-    policy = (self.state.policy, self.frozen.policy_rest)
-    key = placed_abstract(jax.eval_shape(lambda: jax.random.PRNGKey(0)), "replicated", mesh)
-    ids = self._abstract((p, s), jnp.int32)
-    gen = self._mesh_jit(functools.partial(generate, self.sampler_graphdef, config=sampling,
-                                           mesh=mesh),
-                         dict(in_roles=("params", "batch", "batch", "replicated"),
-                              out_roles="batch"))
-    resident = sum(self.resident_bytes.values())
-    out = {"generate": Program(gen, (policy, ids, ids, key),
-                               resident - shard_bytes(policy))}
-    rollout = Rollout(
-        prompt_ids=self._abstract((b, s), jnp.int32), prompt_mask=self._abstract((b, s), jnp.int32),
-        response_ids=self._abstract((b, t), jnp.int32),
-        response_mask=self._abstract((b, t), jnp.bool_),
-        logprobs=self._abstract((b, t), jnp.float32),
-        positions=self._abstract((b, s + t), jnp.int32), has_stop=self._abstract((b,), jnp.bool_))
-    scores = self._abstract((b,), jnp.float32)
-    steps, state, frozen = self.steps, self.state, self.frozen
-    with rules.gather_layers(mesh):
-      batch = jax.eval_shape(steps.compute_experience, state, frozen, rollout, scores)[0]
-    batch = placed_abstract(batch, "batch", mesh)
-    kl = self._abstract((), jnp.float32, "replicated")
-    roles = PROGRAM_ROLES
-    if steps.fuses_first_epoch:
-      out["experience_update"] = Program(
-          self._mesh_jit(steps.experience_and_update, roles["experience_update"]),
-          (state, frozen, rollout, scores))
-    else:
-      out["experience"] = Program(self._mesh_jit(steps.compute_experience, roles["experience"]),
-                                  (state, frozen, rollout, scores))
-      out["update"] = Program(
-          self._mesh_jit(functools.partial(steps.run_update, fresh=True), roles["update"]),
-          (state, frozen, batch, kl))
-    if c.replay_buffer_size and c.replay_batches_per_update:
-      out["replay_update"] = Program(
-          self._mesh_jit(functools.partial(steps.run_update, fresh=False),
-                         roles["replay_update"]), (state, frozen, batch, kl))
-    if pieces:
-      out.update(self._pieces(policy, key, batch, kl))
-    return out
-
-  def _pieces(self, policy, key, batch, kl) -> dict[str, Program]:
-    c, mesh, steps = self.ppo, self.mesh, self.steps
-    b, s, t = c.batch_size, self.prompt_length, self.sampling.max_new_tokens
-    cache = jax.eval_shape(lambda: new_cache(self.model_config, batch_size=b,
-                                             max_length=s + t - 1, dtype=self.dtype))
-    cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                         cache, rules.cache_shardings(cache, mesh))
-    rows = lambda dt: self._abstract((b,), dt)  # noqa: E731
-    carry = DecodeCarry(step=self._abstract((), jnp.int32, "replicated"), token=rows(jnp.int32),
-                        done=rows(jnp.bool_), done_before=rows(jnp.bool_),
-                        tokens=self._abstract((b, t), jnp.int32),
-                        logprobs=self._abstract((b, t), jnp.float32), cache=cache)
-    graphdef, sampling = self.sampler_graphdef, self.sampling
-
-    def decode_step(policy, carry, rng):
-      return decode_body(nnx.merge(graphdef, *policy), carry, rng=rng, config=sampling)
-
-    sharding = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-    decode_jit = jax.jit(decode_step, in_shardings=sharding((policy, carry, key)),
-                         out_shardings=sharding(carry), donate_argnums=(1,))
-
-    def decode_lower(*args):
-      with rules.gather_layers(mesh):
-        return decode_jit.lower(*args)
-
-    micro = placed_abstract(jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct((c.microbatch_size, *x.shape[1:]), x.dtype), batch),
-        "batch", mesh)
-    coefs = placed_abstract(jax.eval_shape(functools.partial(coefficients, c), self.state),
-                            "replicated", mesh)
-
-    def microbatch_grad(params, frozen, mb, coefs):
-      return jax.value_and_grad(steps.micro_loss, has_aux=True)(params, frozen, mb, 1.0, coefs)
-
-    def optimizer_step(state, grads, loss):
-      return steps.updater.apply_gradients(state, grads, {"loss/total_avg": loss})
-
-    return {
-        "decode_step": Program(decode_lower, (policy, carry, key)),
-        "microbatch_grad": Program(
-            self._mesh_jit(microbatch_grad, dict(in_roles=("params", "params", "batch",
-                                                           "replicated"),
-                                                 out_roles=("replicated", "params"))),
-            (self.state.params, self.frozen, micro, coefs)),
-        "optimizer_step": Program(
-            self._mesh_jit(optimizer_step, dict(in_roles=("params", "params", "replicated"),
-                                                out_roles=("params", "replicated"),
-                                                donate_argnums=(0,))),
-            (self.state, self.state.params, kl)),
-    }
 
 
 def compile_program(name: str, program: Program, *, topology: str):
@@ -441,60 +154,53 @@ class Plan:
             "programs": {name: p.to_json() for name, p in self.programs.items()}}
 
 
-def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
-  """XLA costs of the programs and loop bodies at the model's full depth, extrapolated from
-  variants compiled with 1 and 2 unrolled layers: `C(L) = C(1) + (L - 1) (C(2) - C(1))`."""
-  depth = shape.model.num_layers
+def depth_costs(programs_at: Callable[[int], Mapping[str, Program]], depth: int, *,
+                topology: str) -> dict[str, Cost]:
+  """XLA costs of a stage's programs at depth `depth`, extrapolated from `programs_at(1)` and
+  `programs_at(2)` (the programs built with that many unrolled layers):
+  `C(L) = C(1) + (L - 1) (C(2) - C(1))`."""
   costs = []
   for layers in ((1, 2) if depth >= 2 else (1,)):
-    programs = RunPrograms(shape, mesh, num_layers=layers, scan_layers=False).programs(
-        pieces=True)
     costs.append({name: xla_cost(compile_program(name, prog, topology=topology))
-                  for name, prog in programs.items()})
+                  for name, prog in programs_at(layers).items()})
   if len(costs) == 1:
     return costs[0]
   one, two = costs
   return {name: one[name] + (two[name] - one[name]) * (depth - 1) for name in one}
 
 
-def plan_run(shape: RunShape, topology: str, *, devices: list | None = None) -> Plan:
-  """Compiles the programs of `shape` for the TPU slice `topology` and reports them per chip.
-
-  Args:
-    shape: the run (model shapes, PPO hyperparameters, prompt length, dtype, mesh sizes).
-    topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4".
-    devices: the slice's devices (default: `tpu_devices(topology)`).
-
-  Raises:
-    PlanError: libtpu missing or in use, an unknown topology or chip, a mesh that does not fit,
-      a program that does not compile (naming it and the topology).
-  """
-  devices = tpu_devices(topology) if devices is None else devices
+def plan_chip(devices: list, topology: str) -> Chip:
+  """The datasheet row of the slice's chips; PlanError when the table does not list them."""
   kind = devices[0].device_kind
-  chip: Chip | None = chip_for(kind)
+  chip = chip_for(kind)
   if chip is None:
     raise PlanError(f"TPU topology {topology!r} has chips of kind {kind!r}, which the datasheet "
                     "table (jax_ppo.parallel.chips.CHIPS) does not list.")
-  mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  run = RunPrograms(shape, mesh)
-  costs = loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
-                         max_new_tokens=run.sampling.max_new_tokens)
-  programs = {}
-  for name, program in run.programs().items():
+  return chip
+
+
+def compile_plan(programs: Mapping[str, Program], costs: Mapping[str, Cost], *, topology: str,
+                 devices: list, mesh_sizes: dict[str, int], dtype: str,
+                 resident_bytes: dict[str, int]) -> Plan:
+  """Compiles `programs` (as the run compiles them) for `topology` and reports each per chip,
+  with its loop-corrected `costs` and their roofline time on the slice's chip."""
+  chip = plan_chip(devices, topology)
+  out = {}
+  for name, program in programs.items():
     compiled = compile_program(name, program, topology=topology)
     memory, xla, cost = compiled.memory_analysis(), xla_cost(compiled), costs[name]
-    programs[name] = ProgramPlan(
+    out[name] = ProgramPlan(
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
         outside_bytes=program.outside_bytes, flops=cost.flops,
         bytes_accessed=cost.bytes_accessed, xla_flops=xla.flops,
         xla_bytes_accessed=xla.bytes_accessed,
-        roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip, dtype=shape.dtype))
+        roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip, dtype=dtype))
   return Plan(topology=topology, chip=chip.name, chips=len(devices),
               hosts=len({d.process_index for d in devices}), hbm_per_chip_bytes=chip.hbm_bytes,
-              mesh=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES), strict=True)),
-              dtype=shape.dtype, resident_bytes_per_chip=run.resident_bytes, programs=programs)
+              mesh=mesh_sizes, dtype=dtype, resident_bytes_per_chip=resident_bytes,
+              programs=out)
 
 
 def format_plan(plan: Plan) -> str:
@@ -522,17 +228,14 @@ def format_plan(plan: Plan) -> str:
 __all__ = [
     "Cost",
     "Plan",
+    "PlanError",
     "Program",
     "ProgramPlan",
-    "RunPrograms",
-    "RunShape",
+    "compile_plan",
     "compile_program",
+    "depth_costs",
     "format_plan",
-    "layer_costs",
-    "loop_corrected",
-    "run_shape",
-    "plan_run",
-    "sampling_config",
+    "plan_chip",
     "with_layers",
     "xla_cost",
 ]

@@ -24,7 +24,7 @@ PROGRAM_ROLES: dict[str, dict] = {
 """`MeshJit` arguments of each program on a mesh: state and frozen parameters by the
 logical-axis rules, rollouts, scores and batches split on rows over `data` x `fsdp`, metrics and
 the scalar KL replicated; the returned state keeps the rules' shardings (and is donated).
-`jax_ppo.diagnostics.plan` compiles the same programs for a TPU topology from this table."""
+`jax_ppo.diagnostics.ppo_plan` compiles the same programs for a TPU topology from this table."""
 
 
 def ppo_step_jits(experience: Callable, update: Callable, replay_update: Callable,

@@ -131,7 +131,7 @@ def emit_token(step, logits: Array, done: Array, tokens: Array, logprobs: Array,
 def decode_body(model, carry: DecodeCarry, *, rng: Array, config: SamplingConfig) -> DecodeCarry:
   """One iteration of `generate`'s decode loop: feeds `carry.token` (a real token unless its row
   had already finished) through `model.decode_step`, then samples step `carry.step`
-  (`emit_token`). `jax_ppo.diagnostics.plan` compiles it alone to count the loop's cost."""
+  (`emit_token`). `jax_ppo.diagnostics.ppo_plan` compiles it alone to count the loop's cost."""
   logits, cache = model.decode_step(carry.token, carry.cache, valid=~carry.done_before)
   tok, done, tokens, logprobs = emit_token(carry.step, logits, carry.done, carry.tokens,
                                            carry.logprobs, rng=rng, config=config)

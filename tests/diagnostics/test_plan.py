@@ -19,6 +19,7 @@ from flax import nnx  # noqa: E402
 
 from jax_ppo import cli  # noqa: E402
 from jax_ppo.diagnostics import plan as plan_lib  # noqa: E402
+from jax_ppo.diagnostics import ppo_plan  # noqa: E402
 from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices  # noqa: E402
 from jax_ppo.models import load_config  # noqa: E402
 from jax_ppo.parallel.chips import chip_for  # noqa: E402
@@ -74,10 +75,11 @@ def fsdp(run_dir):
   """`plan_run` of the split (experience, then update) run with FSDP over the 4 chips, the
   mesh, and the run's programs with unrolled layers (for the references below)."""
   ppo = PPOConfig(**{**SPLIT, "sampling": PPOSampling(**SPLIT["sampling"])})
-  shape = plan_lib.RunShape(model=load_config(str(run_dir / "policy")), ppo=ppo,
+  shape = ppo_plan.RunShape(model=load_config(str(run_dir / "policy")), ppo=ppo,
                             prompt_length=32, mesh=MeshConfig(data=1, fsdp=4))
   mesh = slice_mesh(tpu_devices(TOPOLOGY), shape.mesh, topology=TOPOLOGY)
-  return plan_lib.plan_run(shape, TOPOLOGY), plan_lib.RunPrograms(shape, mesh, scan_layers=False)
+  return (ppo_plan.plan_run(shape, TOPOLOGY),
+          ppo_plan.RunPrograms(shape, mesh, scan_layers=False))
 
 
 def test_cli_json_layout_and_table(replicated, capsys):

@@ -1,6 +1,6 @@
 """`jax-ppo plan` without compiling anything (no libtpu needed): the one-line errors (libtpu
 missing, its lock held by another process, an unknown topology, a program that does not
-compile), the datasheet table and the loop-trip arithmetic of `jax_ppo.diagnostics.plan`."""
+compile), the datasheet table and the loop-trip arithmetic of `jax_ppo.diagnostics.ppo_plan`."""
 
 import json
 
@@ -8,7 +8,7 @@ import pytest
 from jax.experimental import topologies
 
 from jax_ppo import cli
-from jax_ppo.diagnostics import plan, topology
+from jax_ppo.diagnostics import plan, ppo_plan, topology
 from jax_ppo.parallel import chips
 from jax_ppo.ppo.config import PPOConfig, PPOSampling
 
@@ -81,8 +81,8 @@ def test_plan_refuses_runs_it_does_not_cover_yet(tmp_path):
   config = load_run_config([_run_config(tmp_path), "reward_function=null",
                             f"reward_model_path={tmp_path / 'policy'}"])
   with pytest.raises(plan.PlanError, match="reward model"):
-    plan.run_shape(config, prompt_length=100)
-  shape = plan.run_shape(load_run_config([_run_config(tmp_path)]), prompt_length=100)
+    ppo_plan.run_shape(config, prompt_length=100)
+  shape = ppo_plan.run_shape(load_run_config([_run_config(tmp_path)]), prompt_length=100)
   assert shape.prompt_length == 128 and shape.model.num_layers == 1  # bucketed; config.json
 
 
@@ -106,11 +106,11 @@ def test_loop_trips_are_counted_back():
          "update": cost(1000), "microbatch_grad": cost(300), "optimizer_step": cost(20)}
   ppo = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=16), ppo_epochs=3,
                   num_minibatches=2, gradient_accumulation_steps=2)
-  out = plan.loop_corrected(xla, ppo, max_new_tokens=16)
+  out = ppo_plan.loop_corrected(xla, ppo, max_new_tokens=16)
   # the XLA count holds one decode step, one microbatch gradient and one optimizer step
   assert out["generate"] == cost(100 + 14 * 7)
   assert out["update"] == cost(1000 + (3 * 2 * 2 - 1) * 300 + (3 * 2 - 1) * 20)
   assert out["experience"] == cost(50)
-  fused = plan.loop_corrected({**xla, "experience_update": cost(900)},
+  fused = ppo_plan.loop_corrected({**xla, "experience_update": cost(900)},
                               PPOConfig(batch_size=8, ppo_epochs=4), max_new_tokens=16)
   assert fused["experience_update"] == cost(900 + 2 * 320)
