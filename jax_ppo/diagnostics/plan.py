@@ -159,14 +159,37 @@ def depth_costs(programs_at: Callable[[int], Mapping[str, Program]], depth: int,
   """XLA costs of a stage's programs at depth `depth`, extrapolated from `programs_at(1)` and
   `programs_at(2)` (the programs built with that many unrolled layers):
   `C(L) = C(1) + (L - 1) (C(2) - C(1))`."""
-  costs = []
-  for layers in ((1, 2) if depth >= 2 else (1,)):
-    costs.append({name: xla_cost(compile_program(name, prog, topology=topology))
-                  for name, prog in programs_at(layers).items()})
-  if len(costs) == 1:
-    return costs[0]
-  one, two = costs
-  return {name: one[name] + (two[name] - one[name]) * (depth - 1) for name in one}
+  return grouped_depth_costs(lambda layers: programs_at(layers["model"]), {"model": depth},
+                             topology=topology)
+
+
+def grouped_depth_costs(programs_at: Callable[[dict[str, int]], Mapping[str, Program]],
+                        depths: Mapping[str, int], *, topology: str) -> dict[str, Cost]:
+  """XLA costs of programs over several models of depths `depths` (by model name), extrapolated
+  in each depth apart: the models are grouped by depth, every group `g` is compiled at 2
+  layers with the others at 1, and
+
+  .. math::  C = C_1 + \\sum_g (L_g - 1) (C_{g,2} - C_1)
+
+  (`C_1`: every model at 1 layer). A program's cost is a sum over its models' layers, so this is
+  exact for layers of equal shapes; models of one depth share a variant (one model, or a
+  policy, reference and critic of one architecture: two compiles)."""
+  groups: dict[int, list[str]] = {}
+  for name, depth in depths.items():
+    groups.setdefault(depth, []).append(name)
+
+  def costs(layers: dict[str, int]) -> dict[str, Cost]:
+    return {name: xla_cost(compile_program(name, prog, topology=topology))
+            for name, prog in programs_at(layers).items()}
+
+  base = costs(dict.fromkeys(depths, 1))
+  out = dict(base)
+  for depth, names in groups.items():
+    if depth < 2:
+      continue
+    two = costs({n: 2 if n in names else 1 for n in depths})
+    out = {name: out[name] + (two[name] - base[name]) * (depth - 1) for name in out}
+  return out
 
 
 def plan_chip(devices: list, topology: str) -> Chip:
@@ -228,12 +251,12 @@ def format_plan(plan: Plan) -> str:
 __all__ = [
     "Cost",
     "Plan",
-    "PlanError",
     "Program",
     "ProgramPlan",
     "compile_plan",
     "compile_program",
     "depth_costs",
+    "grouped_depth_costs",
     "format_plan",
     "plan_chip",
     "with_layers",

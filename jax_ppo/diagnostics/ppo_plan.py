@@ -4,9 +4,12 @@
 (`jax_ppo.diagnostics.topology`), lays the run's mesh `(data, fsdp, tensor)` over them, builds
 the policy, its reference, the AdamW state and the rollout as abstract `jax.ShapeDtypeStruct`s
 with their shardings (no weights, nothing allocated) and compiles, with the run's own shardings
-(`jax_ppo.ppo.programs.PROGRAM_ROLES`):
+(`jax_ppo.ppo.programs.PROGRAM_ROLES`), with every model of the run: the policy (a value head on
+its trunk, or a separate critic), its reference (a LoRA policy's base weights), the reward
+models:
 
 * `generate`: the sampler's prefill and `lax.while_loop` decode (`jax_ppo.rollout.sampler`);
+* `score` (`score_0`, `score_1`, ... with several): each reward model scoring the rollout;
 * `experience` then `update` (epochs x minibatches x microbatches), or `experience_update`, the
   fused program of a run whose first epoch is one optimizer step on the whole batch;
 * `replay_update` when the run replays batches.
@@ -42,7 +45,7 @@ from jax_ppo.diagnostics.plan import (
   Plan,
   Program,
   compile_plan,
-  depth_costs,
+  grouped_depth_costs,
   with_layers,
 )
 from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
@@ -51,6 +54,7 @@ from jax_ppo.models import (
   CausalLM,
   LoRAConfig,
   ModelConfig,
+  ScalarModel,
   add_lora,
   layer_loop,
   load_config,
@@ -92,6 +96,12 @@ class RunShape:
   """LoRA adapters instead of a full fine-tune."""
   mesh: MeshConfig | None = None
   """Mesh sizes over the slice's chips; None: data parallel over all of them."""
+  reward_models: tuple[ModelConfig, ...] = ()
+  """The architectures of the run's reward models (each scores the rollout in a `score`
+  program); empty when the rewards are functions."""
+  critic: ModelConfig | None = None
+  """A separate critic's architecture (a `ScalarModel` trained beside the policy); None: no critic,
+  or a value head on the policy trunk (`ppo.uses_critic`)."""
 
   def __post_init__(self):
     if not isinstance(self.prompt_length, int) or self.prompt_length < 1:
@@ -101,26 +111,37 @@ class RunShape:
 
 
 def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
-  """The `RunShape` of a `jax-ppo train` config: the policy's architecture from its config.json
+  """The `RunShape` of a `jax-ppo train` config: every model's architecture from its config.json
   alone (`jax_ppo.models.load_config`, no weights), `prompt_length` rounded up to the sampler's
   prompt bucket (as a run pads its prompts).
 
+  The critic is what `jax_ppo.runs.ppo.build_trainer` makes it: the `value_model_path` model; else,
+  with a reward model and `advantage_mode="gae"`, a copy of the first reward model when its
+  vocabulary is the policy's (the run compares the two tokenizers; the plan their config.json
+  vocabulary sizes); else a value head on the policy trunk.
+
   Raises:
-    PlanError: a run the plan does not cover yet (a reward model, a separate critic, roles on
-      sub-meshes of their own).
+    PlanError: roles on sub-meshes of their own (`placement`), which the plan does not lay out.
   """
-  models = [config.reward_model_path, config.value_model_path,
-            *(r.model_path for r in config.rewards)]
-  if any(m is not None for m in models) or config.placement.split_roles:
+  if config.placement.split_roles:
     raise PlanError(
-        "jax-ppo plan covers the policy's programs only so far: runs with a reward model, a "
-        "separate critic (value_model_path) or roles on sub-meshes (placement) are not planned "
-        "yet; plan the same run with reward_function=... (e.g. reward_function=length) and "
-        "without placement to see the policy's programs.")
+        "jax-ppo plan lays every role on the run's one mesh: roles on sub-meshes of their own "
+        "(placement.reference / reward / critic / policy_devices) are not planned; plan the run "
+        "without placement (every role sharing RunConfig.mesh) for its programs' sizes.")
+  policy = load_config(config.policy_path)
+  paths = [config.reward_model_path, *(r.model_path for r in config.rewards)]
+  rewards = tuple(load_config(p) for p in paths if p is not None)
+  critic = None
+  if config.ppo.uses_critic:
+    if config.value_model_path is not None:
+      critic = load_config(config.value_model_path)
+    elif rewards and rewards[0].vocab_size == policy.vocab_size:
+      critic = rewards[0]
   buckets = SamplingConfig().prompt_buckets
-  return RunShape(model=load_config(config.policy_path), ppo=config.ppo,
+  return RunShape(model=policy, ppo=config.ppo,
                   prompt_length=bucket_for(prompt_length, buckets, what="--prompt-length"),
-                  dtype=config.dtype, remat=config.remat, lora=config.lora, mesh=config.mesh)
+                  dtype=config.dtype, remat=config.remat, lora=config.lora, mesh=config.mesh,
+                  reward_models=rewards, critic=critic)
 
 
 def sampling_config(ppo: PPOConfig) -> SamplingConfig:
@@ -141,8 +162,8 @@ def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
   for name in ("update", "replay_update"):
     if name in xla:
       out[name] = xla[name] + grad * (e * m * a - 1) + opt * (e * m - 1)
-  if "experience" in xla:
-    out["experience"] = xla["experience"]
+  out.update({name: cost for name, cost in xla.items()
+              if name == "experience" or name.startswith("score")})
   if "experience_update" in xla:
     out["experience_update"] = xla["experience_update"] + (grad + opt) * max(e - 2, 0)
   return out
@@ -151,32 +172,54 @@ def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
 # ---- the programs --------------------------------------------------------------------------
 
 
+def model_depths(shape: RunShape) -> dict[str, int]:
+  """The depth of each model of the run by role ("policy", "critic", "reward_0", ...): the
+  layer counts `grouped_depth_costs` extrapolates in."""
+  depths = {"policy": shape.model.num_layers}
+  if shape.critic is not None:
+    depths["critic"] = shape.critic.num_layers
+  depths.update({f"reward_{i}": m.num_layers for i, m in enumerate(shape.reward_models)})
+  return depths
+
+
 class RunPrograms:
   """The abstract state and the programs of one PPO run on `mesh`.
 
   Args:
     shape: the run.
     mesh: the device mesh (over a TPU slice's devices, or any other).
-    num_layers: build the model with this many layers (None: the model's own).
+    layers: build each model (by `model_depths` role) with this many layers (None, or a role
+      left out: the model's own).
     scan_layers: the layer loop of every program (None: the run's `train_scan_layers` /
       `rollout_scan_layers`, else the model's scan).
   """
 
-  def __init__(self, shape: RunShape, mesh: Mesh, *, num_layers: int | None = None,
+  def __init__(self, shape: RunShape, mesh: Mesh, *, layers: dict[str, int] | None = None,
                scan_layers: bool | None = None):
     c = self.ppo = shape.ppo
     self.mesh = mesh
-    model_config = shape.model if num_layers is None else with_layers(shape.model, num_layers)
+    layers = layers or {}
+
+    def cut(role: str, config: ModelConfig) -> ModelConfig:
+      return config if role not in layers else with_layers(config, layers[role])
+
+    model_config = cut("policy", shape.model)
     dtype = DTYPES[shape.dtype]
+    shared_value_head = c.uses_critic and shape.critic is None
 
     def build():
       model = CausalLM(model_config, dtype=dtype, param_dtype=jnp.float32, remat=shape.remat,
                        rngs=nnx.Rngs(0))
       if shape.lora is not None:
         add_lora(model, shape.lora, rngs=nnx.Rngs(0))
-      if c.uses_critic:
+      if shared_value_head:
         model.add_value_head()
       return model
+
+    def scalar(config: ModelConfig, head_init: str):
+      return nnx.eval_shape(lambda: ScalarModel(config, head_init=head_init, dtype=dtype,
+                                                param_dtype=jnp.float32, remat=shape.remat,
+                                                rngs=nnx.Rngs(0)))
 
     model = nnx.eval_shape(build)
     trainable = (nnx.Any(nnx.LoRAParam, nnx.PathContains("value_head"))
@@ -187,27 +230,55 @@ class RunPrograms:
       graphdef, params, rest = nnx.split(model, trainable, ...)
     with layer_loop(model, rollout_scan):
       self.sampler_graphdef = nnx.split(model)[0]
+    value_graphdef = value_params = value_rest = None
+    if c.uses_critic and shape.critic is not None:
+      critic = scalar(cut("critic", shape.critic), "reward")
+      with layer_loop(critic, train_scan):
+        value_graphdef, value_params, value_rest = nnx.split(critic, nnx.Param, ...)
+    # Each reward model scores with its own layer loop (as loaded: `jax_ppo.rewards.scorers`).
+    scorers = []
+    for i, m in enumerate(shape.reward_models):
+      reward_model = scalar(cut(f"reward_{i}", m), "reward")
+      with layer_loop(reward_model, scan_layers):
+        scorers.append(nnx.split(reward_model))
+    self.reward_graphdefs = [g for g, _ in scorers]
     optimizer, schedule = make_optimizer(c.optimizer, c.total_optimizer_steps)
-    self.steps = PPOSteps(c, policy_graphdef=graphdef, value_graphdef=None,
-                          shared_value_head=c.uses_critic, lora=shape.lora is not None,
+    self.steps = PPOSteps(c, policy_graphdef=graphdef, value_graphdef=value_graphdef,
+                          shared_value_head=shared_value_head, lora=shape.lora is not None,
                           optimizer=optimizer, schedule=schedule, mesh=mesh)
-    state = jax.eval_shape(lambda p: init_train_state(
-        c, optimizer, policy=p, value=None, rng=jax.random.PRNGKey(c.seed)), params)
+    state = jax.eval_shape(lambda p, v: init_train_state(
+        c, optimizer, policy=p, value=v, rng=jax.random.PRNGKey(c.seed)), params, value_params)
     self.state = placed_abstract(state, "params", mesh)
+    # One reward model's state, or several by source name (`CombinedScorer.state`).
+    reward = {f"reward_{i}": r for i, (_, r) in enumerate(scorers)}
     self.frozen = placed_abstract(
         FrozenParams(policy_rest=rest, ref=None if shape.lora is not None else params,
-                     value_rest=None, reward=None), "params", mesh)
+                     value_rest=value_rest,
+                     reward=None if not reward else reward if len(reward) > 1 else reward["reward_0"]),
+        "params", mesh)
     self.sampling = sampling_config(c)
     self.model_config, self.dtype = model_config, dtype
     self.prompt_length = shape.prompt_length
 
   @property
+  def reward_states(self) -> list:
+    """The reward models' placed abstract states, in `RunShape.reward_models` order."""
+    reward = self.frozen.reward
+    if reward is None:
+      return []
+    return list(reward.values()) if len(self.reward_graphdefs) > 1 else [reward]
+
+  @property
   def resident_bytes(self) -> dict[str, int]:
-    """Per-chip bytes of the arrays a run holds between programs: trainable parameters, the
-    optimizer state, the reference and the frozen rest (LoRA's base weights)."""
-    return {"params": shard_bytes(self.state.params),
+    """Per-chip bytes of the arrays a run holds between programs: the policy's trainable
+    parameters, a separate critic's parameters, the optimizer state (both), the reference, the
+    reward models, and the frozen rest (LoRA's base weights)."""
+    optional = lambda tree: 0 if tree is None else shard_bytes(tree)  # noqa: E731
+    return {"params": shard_bytes(self.state.policy),
+            "critic": optional(self.state.value) + optional(self.frozen.value_rest),
             "optimizer": shard_bytes(self.state.opt_state),
-            "reference": shard_bytes(self.frozen.ref) if self.frozen.ref is not None else 0,
+            "reference": optional(self.frozen.ref),
+            "reward": sum(shard_bytes(r) for r in self.reward_states),
             "frozen": shard_bytes(self.frozen.policy_rest)}
 
   def _abstract(self, shape, dtype, role: str = "batch"):
@@ -238,6 +309,15 @@ class RunPrograms:
         logprobs=self._abstract((b, t), jnp.float32),
         positions=self._abstract((b, s + t), jnp.int32), has_stop=self._abstract((b,), jnp.bool_))
     scores = self._abstract((b,), jnp.float32)
+    seq = self._abstract((b, s + t), jnp.int32)
+    for i, (graphdef, reward) in enumerate(zip(self.reward_graphdefs, self.reward_states,
+                                               strict=True)):
+      # The scorer reads the policy's ids (a reward model with a tokenizer of its own reads its
+      # re-tokenized rows, at most its context long: about as many).
+      out["score" if len(self.reward_graphdefs) == 1 else f"score_{i}"] = Program(
+          self._mesh_jit(functools.partial(score_rows, graphdef),
+                         dict(in_roles=("params", "batch", "batch"), out_roles="batch")),
+          (reward, seq, seq), resident - shard_bytes(reward))
     steps, state, frozen = self.steps, self.state, self.frozen
     with rules.gather_layers(mesh):
       batch = jax.eval_shape(steps.compute_experience, state, frozen, rollout, scores)[0]
@@ -314,12 +394,20 @@ class RunPrograms:
     }
 
 
+def score_rows(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
+               mask: jax.Array) -> jax.Array:
+  """A reward model's scores `[B]` of rows `ids`, `mask` `[B, L]` (the scorer's program,
+  `jax_ppo.rewards.scorers.RewardModelScorer`)."""
+  return nnx.merge(graphdef, state).score(ids, mask)
+
+
 def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
-  """XLA costs of the programs and loop bodies at the model's full depth, extrapolated from
-  variants compiled with 1 and 2 unrolled layers (`jax_ppo.diagnostics.plan.depth_costs`)."""
-  return depth_costs(lambda layers: RunPrograms(shape, mesh, num_layers=layers,
-                                                scan_layers=False).programs(pieces=True),
-                     shape.model.num_layers, topology=topology)
+  """XLA costs of the programs and loop bodies at every model's full depth, extrapolated from
+  variants compiled with 1 and 2 unrolled layers
+  (`jax_ppo.diagnostics.plan.grouped_depth_costs`)."""
+  return grouped_depth_costs(lambda layers: RunPrograms(shape, mesh, layers=layers,
+                                                        scan_layers=False).programs(pieces=True),
+                             model_depths(shape), topology=topology)
 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None) -> Plan:
@@ -349,7 +437,9 @@ __all__ = [
     "RunShape",
     "layer_costs",
     "loop_corrected",
+    "model_depths",
     "plan_run",
     "run_shape",
     "sampling_config",
+    "score_rows",
 ]
