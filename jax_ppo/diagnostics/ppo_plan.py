@@ -45,6 +45,7 @@ from jax_ppo.diagnostics.plan import (
   depth_costs,
   with_layers,
 )
+from jax_ppo.diagnostics.shapes import plan_model_config
 from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
 from jax_ppo.models import (
   DEFAULT_REMAT,
@@ -53,7 +54,6 @@ from jax_ppo.models import (
   ModelConfig,
   add_lora,
   layer_loop,
-  load_config,
 )
 from jax_ppo.models import init_cache as new_cache
 from jax_ppo.parallel import rules
@@ -118,7 +118,7 @@ def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
         "yet; plan the same run with reward_function=... (e.g. reward_function=length) and "
         "without placement to see the policy's programs.")
   buckets = SamplingConfig().prompt_buckets
-  return RunShape(model=load_config(config.policy_path), ppo=config.ppo,
+  return RunShape(model=plan_model_config(config.policy_path), ppo=config.ppo,
                   prompt_length=bucket_for(prompt_length, buckets, what="--prompt-length"),
                   dtype=config.dtype, remat=config.remat, lora=config.lora, mesh=config.mesh)
 
