@@ -13,8 +13,8 @@ import torch
 import transformers
 from flax import nnx
 
-from jax_ppo import models
-from jax_ppo.diagnostics import ppo_plan, shapes
+from jax_ppo import cli, models
+from jax_ppo.diagnostics import plan, ppo_plan, shapes, topology
 from jax_ppo.runs.ppo_config import load_run_config
 
 PUBLISHED = {
@@ -108,3 +108,23 @@ def test_run_shape_reads_a_shape_policy_path_and_still_reads_folders(tmp_path):
   config = load_run_config([_run_config(tmp_path, str(folder))])
   model = ppo_plan.run_shape(config, prompt_length=100).model
   assert model.hidden_size == 1024 and model.num_layers == 28 and model.qk_norm
+
+
+def test_cli_model_option_overrides_the_policy_path(tmp_path, monkeypatch, capsys):
+  planned = []
+  monkeypatch.setattr(topology, "require_libtpu", lambda: None)
+  monkeypatch.setattr(ppo_plan, "plan_run", lambda shape, topo: planned.append((shape, topo)))
+  monkeypatch.setattr(plan, "format_plan", lambda _: "the plan")
+  run = _run_config(tmp_path, str(tmp_path / "no-such-folder"))
+  assert cli.main(["plan", run, "--topology", "v5e:2x4", "--model", "gemma-2-2b"]) == 0
+  assert capsys.readouterr().out == "the plan\n"
+  [(shape, topo)] = planned
+  assert shape.model == shapes.shape_config("gemma-2-2b") and topo == "v5e:2x4"
+  assert cli.main(["plan", run, "policy_path=shape:qwen3-4b", "--topology", "v5e:2x4"]) == 0
+  assert planned[-1][0].model == shapes.shape_config("qwen3-4b")
+  with pytest.raises(SystemExit) as e:  # argparse: "invalid choice", the names listed
+    cli.main(["plan", run, "--topology", "v5e:2x4", "--model", "gpt-5"])
+  assert e.value.code == 2 and "qwen3-8b" in capsys.readouterr().err
+  assert cli.main(["plan", _run_config(tmp_path, "shape:gpt-5"), "--topology", "v5e:2x4"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Unknown model shape 'gpt-5'" in err and "qwen3-8b" in err
