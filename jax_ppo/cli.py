@@ -6,7 +6,7 @@
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
     jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
-    jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--json PATH]
+    jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--model NAME] [--json PATH]
                                               # compile the run for a TPU slice from this host
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 
 def _parser() -> argparse.ArgumentParser:
+  from jax_ppo.diagnostics.shapes import COMMON_SHAPES, SHAPE_PREFIX
+
   parser = argparse.ArgumentParser(
       prog="jax-ppo", description="PPO fine-tuning of language models (RLHF) in JAX."
   )
@@ -83,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
       description="Compile the programs of a `jax-ppo train` run (the sampler, the experience and "
                   "update programs) ahead of time for a TPU slice that need not be present, with "
                   "the run's mesh over its chips and abstract parameters (the policy's "
-                  "config.json only, no weights), and print per chip: peak HBM, argument and "
+                  "config.json only, no weights; or, with --model NAME, a common model's "
+                  "architecture from a built-in table), and print per chip: peak HBM, argument and "
                   "temporary bytes, FLOPs and bytes accessed (every loop trip counted) and the "
                   "roofline time; `fits` says whether every program's peak fits the chip's HBM. "
                   "Needs libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.ppo_plan).",
@@ -92,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
   plan.add_argument("--topology", required=True,
                     help="TPU slice, e.g. v5e:2x2, v5e:2x4, v5p:2x2x4, v6e:2x2")
   plan.add_argument("--json", dest="json_path", metavar="PATH", help="also write the plan here")
+  plan.add_argument("--model", choices=sorted(COMMON_SHAPES), metavar="NAME",
+                    help="plan this common model instead of the config's policy_path, from its "
+                         "architecture alone (nothing downloaded): one of "
+                         f"{', '.join(COMMON_SHAPES)}; the same as "
+                         f"policy_path={SHAPE_PREFIX}NAME (jax_ppo.diagnostics.shapes)")
   plan.add_argument("--prompt-length", type=int, default=512,
                     help="prompt tokens per row (rounded up to the sampler's bucket; default 512)")
   for name, what, example in (
@@ -143,9 +151,13 @@ def _plan(args: argparse.Namespace) -> int:
   require_libtpu()  # before reading anything: one line naming the extra
   from jax_ppo.diagnostics.plan import format_plan
   from jax_ppo.diagnostics.ppo_plan import plan_run, run_shape
+  from jax_ppo.diagnostics.shapes import SHAPE_PREFIX
   from jax_ppo.runs.ppo_config import load_run_config
 
-  config = load_run_config(args.args)
+  argv = list(args.args)
+  if args.model:  # after the file and the overrides: it wins over both
+    argv.append(f"policy_path={SHAPE_PREFIX}{args.model}")
+  config = load_run_config(argv)
   plan = plan_run(run_shape(config, prompt_length=args.prompt_length), args.topology)
   print(format_plan(plan))
   if args.json_path:

@@ -48,6 +48,7 @@ from jax_ppo.diagnostics.plan import (
   grouped_depth_costs,
   with_layers,
 )
+from jax_ppo.diagnostics.shapes import plan_model_config
 from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
 from jax_ppo.models import (
   DEFAULT_REMAT,
@@ -57,7 +58,6 @@ from jax_ppo.models import (
   ScalarModel,
   add_lora,
   layer_loop,
-  load_config,
 )
 from jax_ppo.models import init_cache as new_cache
 from jax_ppo.parallel import rules
@@ -83,7 +83,8 @@ class RunShape:
   """The shapes of a PPO run, all a plan needs (no weights)."""
 
   model: ModelConfig
-  """The policy's architecture (`jax_ppo.models.load_config(folder)`: config.json only)."""
+  """The policy's architecture (config.json only: `jax_ppo.diagnostics.shapes.plan_model_config`,
+  a folder or a common model's name `shape:NAME`)."""
   ppo: PPOConfig
   """The run's PPO hyperparameters (batch geometry, epochs, sampling, layer loops)."""
   prompt_length: int = 512
@@ -112,7 +113,8 @@ class RunShape:
 
 def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
   """The `RunShape` of a `jax-ppo train` config: every model's architecture from its config.json
-  alone (`jax_ppo.models.load_config`, no weights), `prompt_length` rounded up to the sampler's
+  alone (`jax_ppo.diagnostics.shapes.plan_model_config`: a folder, no weights, or `shape:NAME`
+  for a common model), `prompt_length` rounded up to the sampler's
   prompt bucket (as a run pads its prompts).
 
   The critic is what `jax_ppo.runs.ppo.build_trainer` makes it: the `value_model_path` model; else,
@@ -128,13 +130,13 @@ def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
         "jax-ppo plan lays every role on the run's one mesh: roles on sub-meshes of their own "
         "(placement.reference / reward / critic / policy_devices) are not planned; plan the run "
         "without placement (every role sharing RunConfig.mesh) for its programs' sizes.")
-  policy = load_config(config.policy_path)
+  policy = plan_model_config(config.policy_path)
   paths = [config.reward_model_path, *(r.model_path for r in config.rewards)]
-  rewards = tuple(load_config(p) for p in paths if p is not None)
+  rewards = tuple(plan_model_config(p) for p in paths if p is not None)
   critic = None
   if config.ppo.uses_critic:
     if config.value_model_path is not None:
-      critic = load_config(config.value_model_path)
+      critic = plan_model_config(config.value_model_path)
     elif rewards and rewards[0].vocab_size == policy.vocab_size:
       critic = rewards[0]
   buckets = SamplingConfig().prompt_buckets
