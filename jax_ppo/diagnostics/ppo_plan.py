@@ -253,10 +253,11 @@ class RunPrograms:
     self.state = placed_abstract(state, "params", mesh)
     # One reward model's state, or several by source name (`CombinedScorer.state`).
     reward = {f"reward_{i}": r for i, (_, r) in enumerate(scorers)}
+    reward = reward.get("reward_0") if len(reward) == 1 else reward or None
     self.frozen = placed_abstract(
         FrozenParams(policy_rest=rest, ref=None if shape.lora is not None else params,
                      value_rest=value_rest,
-                     reward=None if not reward else reward if len(reward) > 1 else reward["reward_0"]),
+                     reward=reward),
         "params", mesh)
     self.sampling = sampling_config(c)
     self.model_config, self.dtype = model_config, dtype
