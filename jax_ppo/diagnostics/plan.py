@@ -119,6 +119,18 @@ class ProgramPlan:
     return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
             + self.outside_bytes)
 
+  @classmethod
+  def read(cls, compiled, program: Program, cost: Cost, chip: Chip, *, dtype: str) -> ProgramPlan:
+    """The plan of `program`, compiled as `compiled`, with its loop-corrected `cost`."""
+    memory, xla = compiled.memory_analysis(), xla_cost(compiled)
+    return cls(argument_bytes=int(memory.argument_size_in_bytes),
+               output_bytes=int(memory.output_size_in_bytes),
+               alias_bytes=int(memory.alias_size_in_bytes),
+               temp_bytes=int(memory.temp_size_in_bytes), outside_bytes=program.outside_bytes,
+               flops=cost.flops, bytes_accessed=cost.bytes_accessed, xla_flops=xla.flops,
+               xla_bytes_accessed=xla.bytes_accessed,
+               roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip, dtype=dtype))
+
   def to_json(self) -> dict[str, Any]:
     return {"peak_bytes_per_chip": self.peak_bytes_per_chip,
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
@@ -137,6 +149,9 @@ class Plan:
   dtype: str
   resident_bytes_per_chip: dict[str, int]
   programs: dict[str, ProgramPlan]
+  advice: tuple[dict[str, Any], ...] = ()
+  """When the run does not fit: the change that makes it fit, found by re-planning
+  (`jax_ppo.diagnostics.advice.Advice.to_json`)."""
 
   @property
   def fits(self) -> bool:
@@ -145,13 +160,22 @@ class Plan:
 
   def to_json(self) -> dict[str, Any]:
     """`{"topology", "chip", "chips", "hosts", "hbm_per_chip_bytes", "fits", "mesh", "dtype",
-    "resident_bytes_per_chip", "programs": {name: {"peak_bytes_per_chip", "argument_bytes",
-    "temp_bytes", "flops", "bytes_accessed", "roofline_s", ...}}}` (bytes and FLOPs per chip)."""
+    "resident_bytes_per_chip", "advice": [{"change", "why", "peak_bytes_per_chip", "fits"}],
+    "programs": {name: {"peak_bytes_per_chip", "argument_bytes", "temp_bytes", "flops",
+    "bytes_accessed", "roofline_s", ...}}}` (bytes and FLOPs per chip)."""
     return {"topology": self.topology, "chip": self.chip, "chips": self.chips,
             "hosts": self.hosts, "hbm_per_chip_bytes": self.hbm_per_chip_bytes,
             "fits": self.fits, "mesh": self.mesh, "dtype": self.dtype,
             "resident_bytes_per_chip": self.resident_bytes_per_chip,
+            "advice": list(self.advice),
             "programs": {name: p.to_json() for name, p in self.programs.items()}}
+
+
+def peak_bytes(memory, outside_bytes: int = 0) -> int:
+  """A program's peak per chip from its `compiled.memory_analysis()`: arguments + outputs -
+  aliased + temporaries + the resident arrays it does not take (module docstring)."""
+  return int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+             - memory.alias_size_in_bytes + memory.temp_size_in_bytes + outside_bytes)
 
 
 def depth_costs(programs_at: Callable[[int], Mapping[str, Program]], depth: int, *,
@@ -210,16 +234,8 @@ def compile_plan(programs: Mapping[str, Program], costs: Mapping[str, Cost], *, 
   chip = plan_chip(devices, topology)
   out = {}
   for name, program in programs.items():
-    compiled = compile_program(name, program, topology=topology)
-    memory, xla, cost = compiled.memory_analysis(), xla_cost(compiled), costs[name]
-    out[name] = ProgramPlan(
-        argument_bytes=int(memory.argument_size_in_bytes),
-        output_bytes=int(memory.output_size_in_bytes),
-        alias_bytes=int(memory.alias_size_in_bytes), temp_bytes=int(memory.temp_size_in_bytes),
-        outside_bytes=program.outside_bytes, flops=cost.flops,
-        bytes_accessed=cost.bytes_accessed, xla_flops=xla.flops,
-        xla_bytes_accessed=xla.bytes_accessed,
-        roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip, dtype=dtype))
+    out[name] = ProgramPlan.read(compile_program(name, program, topology=topology), program,
+                                 costs[name], chip, dtype=dtype)
   return Plan(topology=topology, chip=chip.name, chips=len(devices),
               hosts=len({d.process_index for d in devices}), hbm_per_chip_bytes=chip.hbm_bytes,
               mesh=mesh_sizes, dtype=dtype, resident_bytes_per_chip=resident_bytes,
@@ -245,6 +261,10 @@ def format_plan(plan: Plan) -> str:
   lines.append(f"fits: {'yes' if plan.fits else 'NO'} (largest peak "
                f"{max(p.peak_bytes_per_chip for p in plan.programs.values()) / gib:.3f} GiB of "
                f"{plan.hbm_per_chip_bytes / gib:.1f})")
+  for a in plan.advice:
+    verdict = "fits" if a["fits"] else "still does not fit"
+    lines.append(f"advice: {' '.join(a['change'])} ({a['why']}): largest peak "
+                 f"{a['peak_bytes_per_chip'] / gib:.3f} GiB, {verdict}")
   return "\n".join(lines)
 
 
@@ -258,6 +278,7 @@ __all__ = [
     "depth_costs",
     "grouped_depth_costs",
     "format_plan",
+    "peak_bytes",
     "plan_chip",
     "with_layers",
     "xla_cost",

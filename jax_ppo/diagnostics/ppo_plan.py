@@ -39,13 +39,16 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.diagnostics.advice import advise
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
   Plan,
   Program,
   compile_plan,
+  compile_program,
   grouped_depth_costs,
+  peak_bytes,
   with_layers,
 )
 from jax_ppo.diagnostics.shapes import plan_model_config
@@ -413,13 +416,25 @@ def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost
                              model_depths(shape), topology=topology)
 
 
-def plan_run(shape: RunShape, topology: str, *, devices: list | None = None) -> Plan:
+def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, int]:
+  """Per-chip peak bytes of each program of `shape` on the slice (compiled as the run compiles
+  them; `jax_ppo.diagnostics.plan.peak_bytes`), without costs."""
+  mesh = slice_mesh(devices, shape.mesh, topology=topology)
+  return {name: peak_bytes(compile_program(name, program, topology=topology).memory_analysis(),
+                           program.outside_bytes)
+          for name, program in RunPrograms(shape, mesh).programs().items()}
+
+
+def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
+             advice: bool = True) -> Plan:
   """Compiles the programs of `shape` for the TPU slice `topology` and reports them per chip.
 
   Args:
     shape: the run (model shapes, PPO hyperparameters, prompt length, dtype, mesh sizes).
     topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4".
     devices: the slice's devices (default: `tpu_devices(topology)`).
+    advice: when the run does not fit, search the change that makes it fit
+      (`jax_ppo.diagnostics.advice.advise`, re-planning the memory of each candidate).
 
   Raises:
     PlanError: libtpu missing or in use, an unknown topology or chip, a mesh that does not fit,
@@ -430,9 +445,14 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None) -> 
   run = RunPrograms(shape, mesh)
   costs = loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
                          max_new_tokens=run.sampling.max_new_tokens)
-  return compile_plan(run.programs(), costs, topology=topology, devices=devices,
+  plan = compile_plan(run.programs(), costs, topology=topology, devices=devices,
                       mesh_sizes=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES), strict=True)),
                       dtype=shape.dtype, resident_bytes=run.resident_bytes)
+  if advice and not plan.fits:
+    found = advise(shape, chips=len(devices), hbm_bytes=plan.hbm_per_chip_bytes,
+                   peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
+    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in found))
+  return plan
 
 
 __all__ = [
@@ -440,6 +460,7 @@ __all__ = [
     "RunShape",
     "layer_costs",
     "loop_corrected",
+    "memory_peaks",
     "model_depths",
     "plan_run",
     "run_shape",

@@ -195,6 +195,98 @@ def test_corrected_generate_flops_match_a_decode_loop_unrolled_by_hand(fsdp):
   assert plan.programs["generate"].xla_flops < truth / 2
 
 
+RL = 2  # the reward model's layers (the policy has L): the costs extrapolate in each depth
+
+
+def scalar_param_count(layers: int) -> int:
+  """A Qwen3 `ScalarModel` (reward model or critic) by hand: the embedding, the layers, the final
+  norm and the score head `[D, 1]` with its bias (no LM head)."""
+  layer = D * H * DH + 2 * D * K * DH + H * DH * D + 3 * D * F + 2 * D + 2 * DH
+  return V * D + layers * layer + D + (D + 1)
+
+
+@pytest.fixture(scope="module")
+def with_models(run_dir):
+  """The split run with a 2-layer reward model, its critic a copy of it (as a run with a reward
+  model and GAE makes it), FSDP over the 4 chips: the plan, and the run's programs unrolled."""
+  import transformers
+
+  transformers.Qwen3Config(vocab_size=V, hidden_size=D, intermediate_size=F,
+                           num_hidden_layers=RL, num_attention_heads=H, num_key_value_heads=K,
+                           head_dim=DH, max_position_embeddings=256, num_labels=1,
+                           tie_word_embeddings=False).save_pretrained(run_dir / "reward")
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  config = load_run_config([str(run_dir / "run.json"), "reward_function=null",
+                            f"reward_model_path={run_dir / 'reward'}", "mesh.data=1",
+                            "mesh.fsdp=4", "ppo.batch_size=16", "ppo.num_minibatches=2",
+                            "ppo.gradient_accumulation_steps=2"])
+  shape = ppo_plan.run_shape(config, prompt_length=32)
+  assert shape.critic is not None and shape.critic.num_layers == RL
+  mesh = slice_mesh(tpu_devices(TOPOLOGY), shape.mesh, topology=TOPOLOGY)
+  return (ppo_plan.plan_run(shape, TOPOLOGY),
+          ppo_plan.RunPrograms(shape, mesh, scan_layers=False))
+
+
+def test_reward_model_and_critic_bytes_are_their_parameter_counts(with_models):
+  plan, _ = with_models
+  resident = plan.resident_bytes_per_chip
+  # FSDP over 4 chips: a quarter of the float32 bytes, plus the replicated norm gains and heads
+  for part in ("critic", "reward"):
+    assert scalar_param_count(RL) <= resident[part] < 1.1 * scalar_param_count(RL), part
+  policy_without_value_head = param_count() - (D + 1)
+  assert policy_without_value_head <= resident["params"] < 1.1 * policy_without_value_head
+  # Adam's moments cover the policy and the critic
+  assert resident["optimizer"] >= 2 * (resident["params"] + resident["critic"])
+  assert set(plan.programs) == {"generate", "score", "experience", "update"}
+  score = plan.programs["score"]
+  # the score program takes the reward model; everything else stays resident beside it
+  assert score.outside_bytes == sum(resident.values()) - resident["reward"]
+
+
+def test_corrected_costs_of_two_depths_match_the_programs_unrolled(with_models):
+  """The reward model's score and the experience program (policy, reference and a critic of
+  another depth) have no loop but the layers': their XLA counts unrolled at full depth are the
+  truth `grouped_depth_costs` must reproduce from its 1- and 2-layer variants."""
+  plan, run = with_models
+  programs = run.programs()
+  for name in ("score", "experience"):
+    truth = plan_lib.xla_cost(programs[name].lower(*programs[name].args).compile())
+    assert plan.programs[name].flops == pytest.approx(truth.flops, rel=0.03), name
+    assert plan.programs[name].bytes_accessed == pytest.approx(truth.bytes_accessed,
+                                                               rel=0.1), name
+  assert plan.programs["score"].xla_flops < plan.programs["score"].flops  # the scanned layers
+
+
+def test_a_run_that_does_not_fit_gets_the_change_that_makes_it_fit(run_dir, replicated,
+                                                                  monkeypatch):
+  """On a chip with a little less HBM than the replicated run's largest peak, the plan says it
+  does not fit and, re-planning, that FSDP over 2 or 4 chips makes it fit."""
+  import dataclasses
+
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  largest = max(p["peak_bytes_per_chip"] for p in replicated["programs"].values())
+  v5e = chip_for("TPU v5 lite")
+  monkeypatch.setattr(plan_lib, "chip_for",
+                      lambda kind: dataclasses.replace(v5e, hbm_bytes=int(0.9 * largest)))
+  shape = ppo_plan.run_shape(load_run_config([str(run_dir / "run.json")]), prompt_length=16)
+  plan = ppo_plan.plan_run(shape, TOPOLOGY)
+  assert not plan.fits and len(plan.advice) == 1
+  (advice,) = plan.advice
+  assert advice["fits"] and advice["why"].startswith("FSDP")
+  assert advice["change"] in (["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=1"],
+                              ["mesh.data=1", "mesh.fsdp=4", "mesh.tensor=1"])
+  assert advice["peak_bytes_per_chip"] <= 0.9 * largest
+  fsdp = int(advice["change"][1].split("=")[1])
+  # the advice's peak is the re-planned run's
+  again = ppo_plan.memory_peaks(dataclasses.replace(
+      shape, mesh=MeshConfig(data=4 // fsdp, fsdp=fsdp)), TOPOLOGY,
+      devices=tpu_devices(TOPOLOGY))
+  assert advice["peak_bytes_per_chip"] == max(again.values())
+  assert "advice: mesh.data=" in plan_lib.format_plan(plan)
+
+
 def test_a_second_process_gets_the_lock_error(run_dir, replicated):
   """This process holds libtpu now (the plans above loaded it): another plan must say so."""
   done = subprocess.run(

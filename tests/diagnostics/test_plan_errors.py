@@ -75,15 +75,30 @@ def test_a_program_that_does_not_compile_is_named_with_the_topology():
                           "'v5e:2x4': RESOURCE_EXHAUSTED: out of memory")
 
 
-def test_plan_refuses_runs_it_does_not_cover_yet(tmp_path):
+def test_plan_reads_every_model_and_refuses_split_placements(tmp_path):
+  import dataclasses
+
+  from jax_ppo.parallel.mesh import MeshConfig
+  from jax_ppo.parallel.placement import PlacementConfig, RoleMesh
   from jax_ppo.runs.ppo_config import load_run_config
 
   config = load_run_config([_run_config(tmp_path), "reward_function=null",
                             f"reward_model_path={tmp_path / 'policy'}"])
-  with pytest.raises(plan.PlanError, match="reward model"):
-    ppo_plan.run_shape(config, prompt_length=100)
+  shape = ppo_plan.run_shape(config, prompt_length=100)
+  # GAE with a reward model of the policy's vocabulary: the critic starts as its copy
+  assert shape.reward_models == (shape.model,) and shape.critic == shape.model
+  grpo = ppo_plan.run_shape(load_run_config([_run_config(tmp_path), "reward_function=null",
+                                             f"reward_model_path={tmp_path / 'policy'}",
+                                             "ppo.advantage_mode=grpo", "ppo.n_samples=2"]),
+                                 prompt_length=100)
+  assert grpo.critic is None and len(grpo.reward_models) == 1
+  split = dataclasses.replace(config, mesh=MeshConfig(),
+                              placement=PlacementConfig(reference=RoleMesh(devices=(2, 4))))
+  with pytest.raises(plan.PlanError, match="placement"):
+    ppo_plan.run_shape(split, prompt_length=100)
   shape = ppo_plan.run_shape(load_run_config([_run_config(tmp_path)]), prompt_length=100)
   assert shape.prompt_length == 128 and shape.model.num_layers == 1  # bucketed; config.json
+  assert shape.reward_models == () and shape.critic is None  # a function; the value head
 
 
 def test_datasheet_rows_and_roofline():

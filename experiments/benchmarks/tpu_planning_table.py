@@ -1,0 +1,183 @@
+"""The planning table of docs/accelerators.md: the smallest TPU slice a PPO run fits, from
+`jax-ppo plan`'s compiles on this CPU host (libtpu, no TPU).
+
+For each model (`jax_ppo.diagnostics.shapes`), run kind and TPU generation it walks the
+generation's slices from the smallest whose resident arrays (parameters, moments, reference,
+reward model, critic; no compile needed) fit one chip's HBM, re-planning the programs' memory
+(`ppo_plan.memory_peaks`) until every program fits, then plans that slice in full
+(`ppo_plan.plan_run`: costs with every loop trip, roofline time). It writes one JSON per cell
+(`--out`, the plan's JSON plus the cell's names) and prints the table; `--table` prints the
+table from the JSON already written (no compile).
+
+The runs (all bfloat16 compute with float32 masters and moments, the default remat "dots",
+1024 prompt tokens + 1024 response tokens, 64 responses per update, one PPO epoch of one
+minibatch (the fused program), microbatches of max(16, chips) rows, FSDP over every chip):
+
+* `ppo`: PPO with a critic: the policy, its reference, a reward model and a critic of the
+  policy's architecture (the critic a copy of the reward model, as `jax-ppo train` starts it);
+* `grpo`: GRPO without a critic, 8 prompts x 8 samples, a reward function (no reward model);
+* `lora-ppo`: PPO with LoRA adapters (rank 16 on q, k, v, o) and a value head on the policy
+  trunk, the reward model of `ppo` (no reference copy: the base weights with adapters off).
+
+The roofline time per update is the sum of the programs' `max(FLOPs / peak, bytes / HBM
+bandwidth)` on one chip: a lower bound (no communication, no host work, every decode step at the
+full `max_new_tokens`).
+
+    pip install -e ".[tpu]"        # in a virtual environment of its own
+    python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
+        [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e] [--out DIR] [--table]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+RESULTS = pathlib.Path(__file__).parent / "results" / "tpu_planning"
+MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama-3.1-8b")
+RUNS = ("ppo", "grpo", "lora-ppo")
+SLICES = {
+    "v5e": ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
+    "v5p": ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"),
+    "v6e": ("v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"),
+}
+PROMPT, RESPONSE, ROWS = 1024, 1024, 64
+
+
+def host_record() -> dict:
+  """The machine that compiled: CPU model and the vector instruction sets it offers."""
+  model, flags = platform.processor() or "unknown", set()
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = line.partition(":")
+      if key.strip() == "model name":
+        model = value.strip()
+      elif key.strip() == "flags":
+        flags = set(value.split())
+  except OSError:
+    pass
+  isa = sorted(f for f in flags if f.startswith(("avx", "amx", "sse4", "fma")))
+  return {"cpu": model, "instruction_sets": isa, "cores": os.cpu_count(),
+          "python": platform.python_version()}
+
+
+def run_shape_for(model: str, run: str, chips: int):
+  """The `RunShape` of one cell (module docstring) with FSDP over `chips`."""
+  from jax_ppo.diagnostics.ppo_plan import RunShape
+  from jax_ppo.diagnostics.shapes import shape_config
+  from jax_ppo.models import LoRAConfig
+  from jax_ppo.parallel.mesh import MeshConfig
+  from jax_ppo.ppo.config import PPOConfig, PPOSampling
+
+  config = shape_config(model)
+  micro = min(ROWS, max(16, chips))
+  common = dict(batch_size=ROWS, ppo_epochs=1, num_minibatches=1,
+                gradient_accumulation_steps=ROWS // micro,
+                sampling=PPOSampling(max_new_tokens=RESPONSE))
+  if run == "grpo":
+    ppo = PPOConfig(advantage_mode="grpo", n_samples=8, **common)
+  else:
+    ppo = PPOConfig(advantage_mode="gae", **common)
+  return RunShape(
+      model=config, ppo=ppo, prompt_length=PROMPT, dtype="bfloat16",
+      lora=LoRAConfig(rank=16) if run == "lora-ppo" else None,
+      mesh=MeshConfig(data=1, fsdp=chips),
+      reward_models=() if run == "grpo" else (config,),
+      critic=config if run == "ppo" else None)
+
+
+def plan_cell(model: str, run: str, generation: str, out: pathlib.Path) -> dict:
+  """Walks `generation`'s slices to the smallest that fits and writes its plan (module
+  docstring)."""
+  from jax_ppo.diagnostics import ppo_plan
+  from jax_ppo.diagnostics.plan import plan_chip
+  from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices
+
+  tried = []
+  for topology in SLICES[generation]:
+    devices = tpu_devices(topology)
+    hbm = plan_chip(devices, topology).hbm_bytes
+    shape = run_shape_for(model, run, len(devices))
+    mesh = slice_mesh(devices, shape.mesh, topology=topology)
+    resident = sum(ppo_plan.RunPrograms(shape, mesh).resident_bytes.values())
+    if resident > hbm:
+      tried.append({"topology": topology, "resident_bytes_per_chip": resident})
+      continue
+    start = time.perf_counter()
+    peaks = ppo_plan.memory_peaks(shape, topology, devices=devices)
+    tried.append({"topology": topology, "peak_bytes_per_chip": max(peaks.values()),
+                  "compile_s": round(time.perf_counter() - start, 1)})
+    if max(peaks.values()) <= hbm:
+      start = time.perf_counter()
+      plan = ppo_plan.plan_run(shape, topology, devices=devices, advice=False)
+      record = {"model": model, "run": run, "generation": generation,
+                "prompt_tokens": PROMPT, "response_tokens": RESPONSE, "rows": ROWS,
+                "plan": plan.to_json(), "tried": tried,
+                "plan_s": round(time.perf_counter() - start, 1), "host": host_record(),
+                "jax": __import__("jax").__version__}
+      break
+  else:
+    record = {"model": model, "run": run, "generation": generation, "plan": None,
+              "tried": tried, "host": host_record()}
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f"{model}_{run}_{generation}.json").write_text(json.dumps(record, indent=2) + "\n")
+  return record
+
+
+def table(records: list[dict]) -> str:
+  """Markdown: one row per model and run, per generation the slice, its peak HBM per chip and
+  the roofline time per update."""
+  gib = 2.0**30
+  gens = sorted({r["generation"] for r in records})
+  head = "| model | run | " + " | ".join(f"{g}: slice, peak GiB/chip, roofline s" for g in gens)
+  lines = [head + " |", "|---|---|" + "---|" * len(gens)]
+  cells = {(r["model"], r["run"], r["generation"]): r for r in records}
+  for model in dict.fromkeys(r["model"] for r in records):
+    for run in dict.fromkeys(r["run"] for r in records):
+      row = []
+      for g in gens:
+        r = cells.get((model, run, g))
+        if r is None:
+          row.append("not planned")
+        elif r["plan"] is None:
+          row.append(f"none up to {r['tried'][-1]['topology']}")
+        else:
+          p = r["plan"]
+          peak = max(x["peak_bytes_per_chip"] for x in p["programs"].values())
+          roof = sum(x["roofline_s"] for x in p["programs"].values())
+          row.append(f"{p['topology']} ({p['chips']} chips), {peak / gib:.1f}, {roof:.2f}")
+      if any(c != "not planned" for c in row):
+        lines.append(f"| {model} | {run} | " + " | ".join(row) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--runs", default=",".join(RUNS))
+  parser.add_argument("--generations", default=",".join(SLICES))
+  parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+  parser.add_argument("--table", action="store_true",
+                      help="print the table from the JSON in --out (no compile)")
+  args = parser.parse_args(argv)
+  if not args.table:
+    for model in args.models.split(","):
+      for run in args.runs.split(","):
+        for generation in args.generations.split(","):
+          start = time.perf_counter()
+          record = plan_cell(model, run, generation, args.out)
+          found = record["plan"]["topology"] if record["plan"] else "none"
+          print(f"{model} {run} {generation}: {found} "
+                f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+  records = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]
+  print(table(records))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
