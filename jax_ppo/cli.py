@@ -6,15 +6,16 @@
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
     jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
-    jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--model NAME] [--json PATH]
-                                              # compile the run for a TPU slice from this host
+    jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--stage STAGE] [--model NAME]
+        [--json PATH]                         # compile the run for a TPU slice from this host
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
-fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`). Running the
-same `train` command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a
+fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`); `plan` reads the
+config of `train` (`--stage ppo`, the default), `sft` or `reward` (`--stage sft|reward`). Running
+the same `train` command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a
 preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward`
-join a multi-host job first when the config's `distributed` fields or the environment describe one,
-`eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
+join a multi-host job first when the config's `distributed` fields or the environment describe
+one, `eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
 tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
 status 2).
 """
@@ -82,26 +83,36 @@ def _parser() -> argparse.ArgumentParser:
   plan = commands.add_parser(
       "plan", help="compile a run's programs for a TPU slice on this host: per-chip HBM, fit, "
                    "roofline time",
-      description="Compile the programs of a `jax-ppo train` run (the sampler, the experience and "
-                  "update programs) ahead of time for a TPU slice that need not be present, with "
-                  "the run's mesh over its chips and abstract parameters (the policy's "
-                  "config.json only, no weights; or, with --model NAME, a common model's "
-                  "architecture from a built-in table), and print per chip: peak HBM, argument and "
-                  "temporary bytes, FLOPs and bytes accessed (every loop trip counted) and the "
-                  "roofline time; `fits` says whether every program's peak fits the chip's HBM. "
-                  "Needs libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.ppo_plan).",
+      description="Compile the programs of a run ahead of time for a TPU slice that need not be "
+                  "present, with the run's mesh over its chips and abstract parameters (the "
+                  "model's config.json only, no weights; or, with --model NAME, a common model's "
+                  "architecture from a built-in table), and print per chip: peak HBM, argument "
+                  "and temporary bytes, FLOPs and bytes accessed (every loop trip counted) and "
+                  "the roofline time; `fits` says whether every program's peak fits the chip's "
+                  "HBM. CONFIG is the config file of `jax-ppo train` (--stage ppo, the default: "
+                  "the sampler, the experience and update programs), `jax-ppo sft` (--stage sft) "
+                  "or `jax-ppo reward` (--stage reward: the train and eval steps); a config file "
+                  "does not say which (an SFT and a reward config may hold the same keys), so "
+                  "--stage does, and a config of another kind is refused naming its kind. Needs "
+                  "libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.ppo_plan, "
+                  "jax_ppo.diagnostics.stage_plan).",
   )
   plan.add_argument("args", nargs="*", metavar="CONFIG | key=value")
   plan.add_argument("--topology", required=True,
                     help="TPU slice, e.g. v5e:2x2, v5e:2x4, v5p:2x2x4, v6e:2x2")
+  plan.add_argument("--stage", choices=("ppo", "sft", "reward"), default="ppo",
+                    help="which run CONFIG configures: ppo (`jax-ppo train`, the default), sft "
+                         "(`jax-ppo sft`) or reward (`jax-ppo reward`)")
   plan.add_argument("--json", dest="json_path", metavar="PATH", help="also write the plan here")
   plan.add_argument("--model", choices=sorted(COMMON_SHAPES), metavar="NAME",
-                    help="plan this common model instead of the config's policy_path, from its "
-                         "architecture alone (nothing downloaded): one of "
-                         f"{', '.join(COMMON_SHAPES)}; the same as "
-                         f"policy_path={SHAPE_PREFIX}NAME (jax_ppo.diagnostics.shapes)")
-  plan.add_argument("--prompt-length", type=int, default=512,
-                    help="prompt tokens per row (rounded up to the sampler's bucket; default 512)")
+                    help="plan this common model instead of the config's policy_path (--stage "
+                         "ppo) or model_path (sft, reward), from its architecture alone (nothing "
+                         f"downloaded): one of {', '.join(COMMON_SHAPES)}; the same as "
+                         f"policy_path={SHAPE_PREFIX}NAME or model_path={SHAPE_PREFIX}NAME "
+                         "(jax_ppo.diagnostics.shapes)")
+  plan.add_argument("--prompt-length", type=int,
+                    help="PPO only: prompt tokens per row (rounded up to the sampler's bucket; "
+                         "default 512)")
   for name, what, example in (
       ("sft", "supervised fine-tuning of a local Hugging Face causal LM (the SFT stage)",
        "model_path=models/qwen3 train_path=sft.jsonl sft.optimizer.learning_rate=1e-5"),
@@ -150,15 +161,27 @@ def _plan(args: argparse.Namespace) -> int:
 
   require_libtpu()  # before reading anything: one line naming the extra
   from jax_ppo.diagnostics.plan import format_plan
-  from jax_ppo.diagnostics.ppo_plan import plan_run, run_shape
   from jax_ppo.diagnostics.shapes import SHAPE_PREFIX
-  from jax_ppo.runs.ppo_config import load_run_config
+  from jax_ppo.runs.stages import load_stage_run_config
 
   argv = list(args.args)
   if args.model:  # after the file and the overrides: it wins over both
-    argv.append(f"policy_path={SHAPE_PREFIX}{args.model}")
-  config = load_run_config(argv)
-  plan = plan_run(run_shape(config, prompt_length=args.prompt_length), args.topology)
+    field = "policy_path" if args.stage == "ppo" else "model_path"
+    argv.append(f"{field}={SHAPE_PREFIX}{args.model}")
+  config = load_stage_run_config(args.stage, argv)  # a config of another kind: one line
+  if args.stage == "ppo":
+    from jax_ppo.diagnostics.ppo_plan import plan_run, run_shape
+
+    length = 512 if args.prompt_length is None else args.prompt_length
+    plan = plan_run(run_shape(config, prompt_length=length), args.topology)
+  elif args.prompt_length is not None:
+    raise ValueError(f"--prompt-length is for PPO plans; the rows of a --stage {args.stage} plan "
+                     f"are {args.stage}.max_length tokens (set it in the config or as "
+                     f"{args.stage}.max_length=N).")
+  else:
+    from jax_ppo.diagnostics.stage_plan import plan_stage, stage_shape
+
+    plan = plan_stage(stage_shape(config), args.topology)
   print(format_plan(plan))
   if args.json_path:
     with open(args.json_path, "w", encoding="utf-8") as f:

@@ -27,6 +27,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.models.lora import has_lora
+from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.reward_model.pairwise import PreferencePairs, bradley_terry_loss, pair_scores
@@ -40,6 +42,21 @@ from jax_ppo.training.state import (
 )
 
 Array = jax.Array
+
+
+def split_trainable(model: nnx.Module, *, scan_layers: bool | None
+                    ) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+  """`(graphdef, params, rest)` of a reward model (a `ScalarModel`; `nnx.split` with the layer
+  loop `scan_layers`, None: the model's own): `params` every `nnx.Param`, or, when the model has
+  LoRA adapters (`add_lora`), the adapters and the score head (which is new, so it trains);
+  `rest` the other variables (LoRA's frozen base weights).
+
+  The split `RewardModelTrainer` trains and `jax_ppo.diagnostics.stage_plan` compiles (on an
+  abstract model from `nnx.eval_shape` as well as a loaded one)."""
+  trainable = (nnx.Any(nnx.LoRAParam, nnx.PathContains("score_head")) if has_lora(model)
+               else nnx.Param)
+  with layer_loop(model, scan_layers):
+    return nnx.split(model, trainable, ...)
 
 
 class RewardModelSteps:
@@ -126,4 +143,4 @@ class RewardModelSteps:
             "pairs": m["pairs"]}
 
 
-__all__ = ["RewardModelSteps"]
+__all__ = ["RewardModelSteps", "split_trainable"]

@@ -60,7 +60,6 @@ from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
-from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import is_main_process, multi_process, require_mesh
 from jax_ppo.parallel.rules import shard_params
@@ -70,7 +69,7 @@ from jax_ppo.reward_model.pairwise import (
   normalisation_from_scores,
   preference_pairs,
 )
-from jax_ppo.reward_model.steps import RewardModelSteps
+from jax_ppo.reward_model.steps import RewardModelSteps, split_trainable
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
 from jax_ppo.training.optim import make_optimizer
@@ -174,9 +173,7 @@ class RewardModelTrainer(RunStage):
                        f"the run's {self.total_steps} optimizer steps; lower it or train longer.")
     self.mesh = mesh
     self.lora = has_lora(model)
-    trainable = nnx.Any(nnx.LoRAParam, nnx.PathContains("score_head")) if self.lora else nnx.Param
-    with layer_loop(model, c.train_scan_layers):
-      graphdef, params, self.rest = nnx.split(model, trainable, ...)
+    graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
     self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
     self.steps = RewardModelSteps(graphdef=graphdef, optimizer=self.optimizer,
                                   schedule=self.schedule,

@@ -39,6 +39,8 @@ from jax.sharding import Mesh
 
 from jax_ppo.data.sft import SFTRows
 from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs
+from jax_ppo.models.lora import has_lora
+from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel.jit import MeshJit
 from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.sft.config import SFTConfig
@@ -100,6 +102,19 @@ def sft_loss(logprobs: Array, loss_mask: Array, *, num_tokens: Array | None = No
     num_tokens = jnp.sum(loss_mask)
   n = jnp.asarray(num_tokens, jnp.float32)
   return jnp.sum(token_nll(logprobs, loss_mask)) / jnp.maximum(n, 1.0)
+
+
+def split_trainable(model: nnx.Module, *, scan_layers: bool | None
+                    ) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+  """`(graphdef, params, rest)` of an SFT model (`nnx.split`, with the layer loop `scan_layers`,
+  None: the model's own): `params` every `nnx.Param`, or only the LoRA adapters when the model
+  has them (`add_lora`); `rest` the other variables (LoRA's frozen base weights).
+
+  The split `SFTTrainer` trains and `jax_ppo.diagnostics.stage_plan` compiles (on an abstract
+  model from `nnx.eval_shape` as well as a loaded one)."""
+  trainable = nnx.LoRAParam if has_lora(model) else nnx.Param
+  with layer_loop(model, scan_layers):
+    return nnx.split(model, trainable, ...)
 
 
 class SFTSteps:
@@ -185,4 +200,4 @@ class SFTSteps:
     return jnp.sum(nll), jnp.sum(batch.loss_mask)
 
 
-__all__ = ["SFTBatch", "SFTSteps", "sft_loss", "token_nll"]
+__all__ = ["SFTBatch", "SFTSteps", "sft_loss", "split_trainable", "token_nll"]

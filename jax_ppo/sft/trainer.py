@@ -44,12 +44,11 @@ from jax_ppo.data.sft import (
     pad_examples,
 )
 from jax_ppo.models.lora import has_lora
-from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import require_mesh
 from jax_ppo.parallel.rules import shard_params
 from jax_ppo.sft.config import SFTConfig
-from jax_ppo.sft.steps import SFTBatch, SFTSteps
+from jax_ppo.sft.steps import SFTBatch, SFTSteps, split_trainable
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
 from jax_ppo.training.optim import make_optimizer
@@ -140,9 +139,7 @@ class SFTTrainer(RunStage):
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
 
     self.lora = has_lora(model)
-    trainable = nnx.LoRAParam if self.lora else nnx.Param
-    with layer_loop(model, c.train_scan_layers):
-      graphdef, params, self.rest = nnx.split(model, trainable, ...)
+    graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
     if c.optimizer.warmup_steps > self.total_steps:
       raise ValueError(
           f"SFTConfig.optimizer.warmup_steps={c.optimizer.warmup_steps} is invalid: it exceeds "

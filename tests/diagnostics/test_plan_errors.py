@@ -1,8 +1,10 @@
 """`jax-ppo plan` without compiling anything (no libtpu needed): the one-line errors (libtpu
 missing, its lock held by another process, an unknown topology, a program that does not
-compile), the datasheet table and the loop-trip arithmetic of `jax_ppo.diagnostics.ppo_plan`."""
+compile, a config of another stage), the datasheet table and the loop-trip arithmetic of
+`jax_ppo.diagnostics.ppo_plan` and `jax_ppo.diagnostics.stage_plan`."""
 
 import json
+import pathlib
 
 import pytest
 from jax.experimental import topologies
@@ -129,3 +131,85 @@ def test_loop_trips_are_counted_back():
   fused = ppo_plan.loop_corrected({**xla, "experience_update": cost(900)},
                               PPOConfig(batch_size=8, ppo_epochs=4), max_new_tokens=16)
   assert fused["experience_update"] == cost(900 + 2 * 320)
+
+
+def _stage_config(tmp_path, name: str, data: dict) -> str:
+  path = tmp_path / f"{name}.json"
+  path.write_text(json.dumps(data))
+  return str(path)
+
+
+def test_a_config_of_another_kind_is_one_line_naming_its_stage(tmp_path, monkeypatch, capsys):
+  monkeypatch.setattr(topology, "libtpu_installed", lambda: True)  # checked before the config
+  offline = {"model_path": "m", "train_path": "t.jsonl", "run_dir": "r"}
+  sft = _stage_config(tmp_path, "sft", {**offline, "sft": {"max_length": 64}})
+  ppo = _run_config(tmp_path)
+  for argv, stage, says in (
+      ([sft], None, "it is a `jax-ppo sft` config (SFTRunConfig; give --stage sft)"),
+      ([ppo], "reward", "it is a `jax-ppo train` config (RunConfig; give --stage ppo)"),
+      ([_stage_config(tmp_path, "both", offline)], "ppo",
+       "--stage sft) or a `jax-ppo reward` config (RewardRunConfig; give --stage reward)"),
+      ([sft, "reward.batch_size=4"], "sft", "no stage's config has all of its keys"),
+  ):
+    rc = cli.main(["plan", *argv, "--topology", "v5e:2x2",
+                   *(["--stage", stage] if stage else [])])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("jax-ppo plan: error: the config is not a `jax-ppo"), err
+    assert says in err, err
+  rc = cli.main(["plan", sft, "--stage", "sft", "--topology", "v5e:2x2", "--prompt-length", "64"])
+  err = capsys.readouterr().err
+  assert rc == 2 and err.count("\n") == 1
+  assert "--prompt-length is for PPO plans" in err and "sft.max_length" in err
+
+
+def test_stages_that_fit_a_config(tmp_path):
+  from jax_ppo.runs import stages
+
+  offline = {"model_path": "m", "train_path": "t.jsonl", "run_dir": "r"}
+  assert stages.stages_fitting([_stage_config(tmp_path, "a", offline)]) == ("sft", "reward")
+  assert stages.stages_fitting([_stage_config(tmp_path, "b", offline), "normalise=false"]) == (
+      "reward",)
+  assert stages.stages_fitting([_run_config(tmp_path)]) == ("ppo",)
+  # an old flat key a config still accepts (and refuses naming its new place) counts as its own
+  assert "sft" in stages.stages_fitting([_stage_config(tmp_path, "c", offline),
+                                         "save_every=5"])
+  with pytest.raises(ValueError, match="unknown"):
+    stages.check_stage("dpo", [])
+
+
+def test_stage_shape_reads_the_stage_config(tmp_path):
+  from jax_ppo.diagnostics import stage_plan
+  from jax_ppo.runs.reward import load_reward_config
+  from jax_ppo.runs.sft import load_sft_config
+
+  model = str(pathlib.Path(_run_config(tmp_path)).parent / "policy")
+  offline = [f"model_path={model}", "train_path=t.jsonl", "run_dir=r", "dtype=bfloat16"]
+  sft = stage_plan.stage_shape(load_sft_config([*offline, "sft.max_length=64",
+                                                "mesh.fsdp=-1", "mesh.data=1"]))
+  assert (sft.stage, sft.model.num_layers, sft.config.max_length, sft.dtype, sft.lora) == (
+      "sft", 1, 64, "bfloat16", None)
+  assert sft.mesh.fsdp == -1
+  common = stage_plan.stage_shape(load_sft_config(["model_path=shape:qwen3-0.6b",
+                                                   *offline[1:]]))
+  assert common.model.num_layers == 28  # a common model's architecture, nothing downloaded
+  reward = stage_plan.stage_shape(load_reward_config([*offline, "lora.rank=4"]))
+  assert reward.stage == "reward" and reward.lora.rank == 4
+  with pytest.raises(ValueError, match="SFTConfig or a RewardModelConfig"):
+    stage_plan.StageShape(model=sft.model, config=PPOConfig())
+  with pytest.raises(FileNotFoundError, match="SFTRunConfig.model_path"):
+    stage_plan.stage_shape(load_sft_config(["model_path=nowhere", "train_path=t.jsonl",
+                                            "run_dir=r"]))
+
+
+def test_stage_accumulation_trips_are_counted_back():
+  from jax_ppo.diagnostics import stage_plan
+
+  cost = lambda f: plan.Cost(f, 10 * f)  # noqa: E731
+  xla = {"train_step": cost(100), "eval_step": cost(40), "microbatch_grad": cost(30)}
+  # the XLA count of the accumulation scan holds one microbatch gradient
+  assert stage_plan.loop_corrected(xla, accumulation_steps=4) == {
+      "train_step": cost(100 + 3 * 30), "eval_step": cost(40)}
+  assert stage_plan.loop_corrected({"train_step": cost(100), "eval_step": cost(40)},
+                                   accumulation_steps=1) == {
+      "train_step": cost(100), "eval_step": cost(40)}
