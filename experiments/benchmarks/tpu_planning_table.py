@@ -26,6 +26,7 @@ full `max_new_tokens`).
     pip install -e ".[tpu]"        # in a virtual environment of its own
     python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
         [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e] [--out DIR] [--table]
+        [--compile-cache DIR] [--memory-only]
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ def run_shape_for(model: str, run: str, chips: int):
       critic=config if run == "ppo" else None)
 
 
-def plan_cell(model: str, run: str, generation: str, out: pathlib.Path) -> dict:
+def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
+              costs: bool = True) -> dict:
   """Walks `generation`'s slices to the smallest that fits and writes its plan (module
-  docstring)."""
+  docstring); without `costs`, only the fitting slice's memory (no cost variants, no roofline
+  time)."""
   from jax_ppo.diagnostics import ppo_plan
   from jax_ppo.diagnostics.plan import plan_chip
   from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices
@@ -113,17 +116,21 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path) -> dict:
     tried.append({"topology": topology, "peak_bytes_per_chip": max(peaks.values()),
                   "compile_s": round(time.perf_counter() - start, 1)})
     if max(peaks.values()) <= hbm:
-      start = time.perf_counter()
-      plan = ppo_plan.plan_run(shape, topology, devices=devices, advice=False)
       record = {"model": model, "run": run, "generation": generation,
                 "prompt_tokens": PROMPT, "response_tokens": RESPONSE, "rows": ROWS,
-                "plan": plan.to_json(), "tried": tried,
-                "plan_s": round(time.perf_counter() - start, 1), "host": host_record(),
+                "topology": topology, "chips": len(devices), "hbm_per_chip_bytes": hbm,
+                "peak_bytes_per_chip": peaks, "resident_bytes_per_chip": resident,
+                "plan": None, "tried": tried, "host": host_record(),
                 "jax": __import__("jax").__version__}
+      if costs:
+        start = time.perf_counter()
+        record["plan"] = ppo_plan.plan_run(shape, topology, devices=devices,
+                                           advice=False).to_json()
+        record["plan_s"] = round(time.perf_counter() - start, 1)
       break
   else:
-    record = {"model": model, "run": run, "generation": generation, "plan": None,
-              "tried": tried, "host": host_record()}
+    record = {"model": model, "run": run, "generation": generation, "topology": None,
+              "plan": None, "tried": tried, "host": host_record()}
   out.mkdir(parents=True, exist_ok=True)
   (out / f"{model}_{run}_{generation}.json").write_text(json.dumps(record, indent=2) + "\n")
   return record
@@ -144,13 +151,13 @@ def table(records: list[dict]) -> str:
         r = cells.get((model, run, g))
         if r is None:
           row.append("not planned")
-        elif r["plan"] is None:
+        elif r["topology"] is None:
           row.append(f"none up to {r['tried'][-1]['topology']}")
         else:
-          p = r["plan"]
-          peak = max(x["peak_bytes_per_chip"] for x in p["programs"].values())
-          roof = sum(x["roofline_s"] for x in p["programs"].values())
-          row.append(f"{p['topology']} ({p['chips']} chips), {peak / gib:.1f}, {roof:.2f}")
+          peak = max(r["peak_bytes_per_chip"].values())
+          roof = ("-" if r["plan"] is None else
+                  f"{sum(x['roofline_s'] for x in r['plan']['programs'].values()):.2f}")
+          row.append(f"{r['topology']} ({r['chips']} chips), {peak / gib:.1f}, {roof}")
       if any(c != "not planned" for c in row):
         lines.append(f"| {model} | {run} | " + " | ".join(row) + " |")
   return "\n".join(lines)
@@ -162,16 +169,26 @@ def main(argv=None) -> int:
   parser.add_argument("--runs", default=",".join(RUNS))
   parser.add_argument("--generations", default=",".join(SLICES))
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+  parser.add_argument("--compile-cache", default="auto",
+                      help="JAX's persistent compilation cache folder (jax_ppo.compile_cache; "
+                           "\"off\" to disable): a cell's fitting slice is compiled twice "
+                           "(memory, then the plan), the second time from the cache")
+  parser.add_argument("--memory-only", action="store_true",
+                      help="the fitting slice and its memory only (no cost variants, no roofline "
+                           "time: the cost compiles take most of the time)")
   parser.add_argument("--table", action="store_true",
                       help="print the table from the JSON in --out (no compile)")
   args = parser.parse_args(argv)
   if not args.table:
+    from jax_ppo.compile_cache import enable_compilation_cache
+
+    enable_compilation_cache(args.compile_cache)
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
           start = time.perf_counter()
-          record = plan_cell(model, run, generation, args.out)
-          found = record["plan"]["topology"] if record["plan"] else "none"
+          record = plan_cell(model, run, generation, args.out, costs=not args.memory_only)
+          found = record["topology"] or "none"
           print(f"{model} {run} {generation}: {found} "
                 f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
   records = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]

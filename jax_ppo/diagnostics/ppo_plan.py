@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -156,25 +156,45 @@ def sampling_config(ppo: PPOConfig) -> SamplingConfig:
                                     batch_buckets=(ppo.prompts_per_update,))
 
 
+def loop_trips(ppo: PPOConfig, programs: Iterable[str], *, max_new_tokens: int
+               ) -> dict[str, dict[str, int]]:
+  """The trips each loop body adds to each program beyond XLA's one (module docstring):
+  `{program: {piece: trips}}`, pieces with no trips left out."""
+  e, m, a = ppo.ppo_epochs, ppo.num_minibatches, ppo.gradient_accumulation_steps
+  trips = {}
+  for name in programs:
+    if name == "generate":
+      trips[name] = {"decode_step": max_new_tokens - 2}
+    elif name in ("update", "replay_update"):
+      trips[name] = {"microbatch_grad": e * m * a - 1, "optimizer_step": e * m - 1}
+    elif name == "experience_update":
+      trips[name] = {"microbatch_grad": max(e - 2, 0), "optimizer_step": max(e - 2, 0)}
+    else:
+      trips[name] = {}
+  return {name: {p: n for p, n in t.items() if n > 0} for name, t in trips.items()}
+
+
 def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
                    ) -> dict[str, Cost]:
   """The programs' costs with every loop trip counted (module docstring), from the XLA costs
   `xla` of the programs and of the loop bodies compiled alone (`decode_step`,
-  `microbatch_grad`, `optimizer_step`), all with unrolled layers."""
-  e, m, a = ppo.ppo_epochs, ppo.num_minibatches, ppo.gradient_accumulation_steps
-  grad, opt = xla["microbatch_grad"], xla["optimizer_step"]
-  out = {"generate": xla["generate"] + xla["decode_step"] * (max_new_tokens - 2)}
-  for name in ("update", "replay_update"):
-    if name in xla:
-      out[name] = xla[name] + grad * (e * m * a - 1) + opt * (e * m - 1)
-  out.update({name: cost for name, cost in xla.items()
-              if name == "experience" or name.startswith("score")})
-  if "experience_update" in xla:
-    out["experience_update"] = xla["experience_update"] + (grad + opt) * max(e - 2, 0)
+  `microbatch_grad`, `optimizer_step`: those with trips, `loop_trips`), all with unrolled
+  layers."""
+  programs = [n for n in xla if n not in PIECES]
+  out = {}
+  for name, trips in loop_trips(ppo, programs, max_new_tokens=max_new_tokens).items():
+    cost = xla[name]
+    for piece, n in trips.items():
+      cost = cost + xla[piece] * n
+    out[name] = cost
   return out
 
 
 # ---- the programs --------------------------------------------------------------------------
+
+
+PIECES = ("decode_step", "microbatch_grad", "optimizer_step")
+"""The loop bodies compiled alone to count their trips back (`RunPrograms.programs(pieces=...)`)."""
 
 
 def model_depths(shape: RunShape) -> dict[str, int]:
@@ -293,9 +313,9 @@ class RunPrograms:
   def _mesh_jit(self, fn: Callable, roles: dict) -> Callable:
     return MeshJit(fn, self.mesh, **roles, keep_unused=True).lower
 
-  def programs(self, *, pieces: bool = False) -> dict[str, Program]:
-    """The run's programs by name (with `pieces`, also the loop bodies `decode_step`,
-    `microbatch_grad` and `optimizer_step` that `loop_corrected` scales)."""
+  def programs(self, *, pieces: bool | Iterable[str] = False) -> dict[str, Program]:
+    """The run's programs by name, with the loop bodies (`PIECES`) that `loop_corrected` scales:
+    all of them (`pieces=True`) or those named."""
     c, mesh, sampling = self.ppo, self.mesh, self.sampling
     p, b, s, t = c.prompts_per_update, c.batch_size, self.prompt_length, sampling.max_new_tokens
     policy = (self.state.policy, self.frozen.policy_rest)
@@ -345,7 +365,8 @@ class RunPrograms:
           self._mesh_jit(functools.partial(steps.run_update, fresh=False),
                          roles["replay_update"]), (state, frozen, batch, kl))
     if pieces:
-      out.update(self._pieces(policy, key, batch, kl))
+      wanted = PIECES if pieces is True else tuple(pieces)
+      out.update({k: v for k, v in self._pieces(policy, key, batch, kl).items() if k in wanted})
     return out
 
   def _pieces(self, policy, key, batch, kl) -> dict[str, Program]:
@@ -408,11 +429,15 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
 
 
 def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
-  """XLA costs of the programs and loop bodies at every model's full depth, extrapolated from
-  variants compiled with 1 and 2 unrolled layers
+  """XLA costs of the programs and of the loop bodies with trips (`loop_trips`) at every model's
+  full depth, extrapolated from variants compiled with 1 and 2 unrolled layers
   (`jax_ppo.diagnostics.plan.grouped_depth_costs`)."""
+  names = RunPrograms(shape, mesh).programs().keys()
+  trips = loop_trips(shape.ppo, names, max_new_tokens=sampling_config(shape.ppo).max_new_tokens)
+  pieces = {p for t in trips.values() for p in t}
   return grouped_depth_costs(lambda layers: RunPrograms(shape, mesh, layers=layers,
-                                                        scan_layers=False).programs(pieces=True),
+                                                        scan_layers=False).programs(
+                                                            pieces=pieces),
                              model_depths(shape), topology=topology)
 
 
@@ -459,7 +484,9 @@ __all__ = [
     "RunPrograms",
     "RunShape",
     "layer_costs",
+    "PIECES",
     "loop_corrected",
+    "loop_trips",
     "memory_peaks",
     "model_depths",
     "plan_run",

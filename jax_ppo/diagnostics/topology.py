@@ -63,7 +63,8 @@ def tpu_devices(topology: str) -> list:
       raise PlanError(
           f"libtpu is in use by another process on this host (it holds the lock file {path}); "
           "only one process at a time may load libtpu: wait for it to finish (run plans one "
-          "after another) and try again.") from None
+          "after another), or set ALLOW_MULTIPLE_LIBTPU_LOAD=1 to let several processes compile "
+          "at once.") from None
     first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
     raise PlanError(f"TPU topology {topology!r} is not one libtpu can describe ({first}); give "
                     "a slice such as v5e:2x2, v5e:2x4, v5p:2x2x1, v6e:2x2 (at least one "

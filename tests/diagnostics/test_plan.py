@@ -7,6 +7,7 @@ time may load libtpu on a host (its lock file), so never run it with several pyt
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -287,8 +288,41 @@ def test_a_run_that_does_not_fit_gets_the_change_that_makes_it_fit(run_dir, repl
   assert "advice: mesh.data=" in plan_lib.format_plan(plan)
 
 
+def test_a_multi_host_slice_compiles_from_this_host(run_dir, replicated):
+  """v5p:2x2x2 is 8 chips on 2 hosts: the run's programs compile for it from this one host, with
+  FSDP over all 8 chips an eighth of the replicated bytes (v5e's plan above) per chip."""
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  config = load_run_config([str(run_dir / "run.json"), "mesh.data=1", "mesh.fsdp=8"])
+  plan = ppo_plan.plan_run(ppo_plan.run_shape(config, prompt_length=16), "v5p:2x2x2")
+  assert (plan.chips, plan.hosts, plan.chip) == (8, 2, "TPU v5p") and plan.fits
+  assert plan.hbm_per_chip_bytes == 95 * 2**30
+  rep = replicated["resident_bytes_per_chip"]
+  for part in ("params", "optimizer", "reference"):
+    assert rep[part] / 8 <= plan.resident_bytes_per_chip[part] < 1.1 * rep[part] / 8, part
+  assert set(plan.programs) == {"generate", "experience_update"}
+
+
+@pytest.mark.parametrize("family, topology", [
+    ("gpt2", "v5e:2x2"), ("llama2", "v5e:2x2"), ("mistral_window", "v5e:2x2"),
+    ("qwen2", "v5e:2x2"), ("gemma2", "v6e:2x2"), ("qwen3", "v6e:2x2")])
+def test_every_family_compiles_for_tpu(tmp_path, family, topology):
+  """Each supported family's PPO programs (GAE: a value head on the trunk) compile for a TPU
+  slice with FSDP over its chips (memory only: the cost variants are the same code)."""
+  from tests.models.conftest import hf_config
+
+  hf_config(family).save_pretrained(tmp_path / family)
+  ppo = PPOConfig(**{**GAE, "sampling": PPOSampling(**GAE["sampling"])})
+  shape = ppo_plan.RunShape(model=load_config(str(tmp_path / family)), ppo=ppo, prompt_length=16,
+                            mesh=MeshConfig(data=1, fsdp=4), dtype="bfloat16")
+  peaks = ppo_plan.memory_peaks(shape, topology, devices=tpu_devices(topology))
+  assert set(peaks) == {"generate", "experience_update"} and min(peaks.values()) > 0
+
+
 def test_a_second_process_gets_the_lock_error(run_dir, replicated):
   """This process holds libtpu now (the plans above loaded it): another plan must say so."""
+  if os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD"):
+    pytest.skip("ALLOW_MULTIPLE_LIBTPU_LOAD is set: libtpu takes no lock in this process")
   done = subprocess.run(
       [sys.executable, "-m", "jax_ppo.cli", "plan", str(run_dir / "run.json"), "--topology",
        TOPOLOGY], capture_output=True, text=True, timeout=300)

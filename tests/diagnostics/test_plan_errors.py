@@ -213,3 +213,15 @@ def test_stage_accumulation_trips_are_counted_back():
   assert stage_plan.loop_corrected({"train_step": cost(100), "eval_step": cost(40)},
                                    accumulation_steps=1) == {
       "train_step": cost(100), "eval_step": cost(40)}
+
+
+def test_only_loop_bodies_with_trips_are_compiled():
+  """One epoch of one minibatch (the fused program) leaves no optimizer or gradient trips to
+  count back: only the decode step is compiled alone."""
+  fused = PPOConfig(batch_size=8, ppo_epochs=1)
+  trips = ppo_plan.loop_trips(fused, ["generate", "experience_update", "score"],
+                              max_new_tokens=16)
+  assert trips == {"generate": {"decode_step": 14}, "experience_update": {}, "score": {}}
+  split = PPOConfig(batch_size=8, ppo_epochs=1, gradient_accumulation_steps=4)
+  assert ppo_plan.loop_trips(split, ["update"], max_new_tokens=16) == {
+      "update": {"microbatch_grad": 3}}
