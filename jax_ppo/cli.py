@@ -8,6 +8,8 @@
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
     jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--stage STAGE] [--model NAME]
         [--json PATH]                         # compile the run for a TPU slice from this host
+    jax-ppo pipeline CONFIG [key=value ...]   # SFT -> reward model -> PPO (jax_ppo.runs.pipeline)
+    jax-ppo config {train,sft,reward,pipeline} [key=value ...]  # a documented default config
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
 fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`); `plan` reads the
@@ -127,7 +129,63 @@ def _parser() -> argparse.ArgumentParser:
                     "the model is exported to export_dir (default RUN_DIR/hf_model).",
     )
     stage.add_argument("args", nargs="*", metavar="CONFIG | key=value")
+  _add_config_commands(commands)
   return parser
+
+
+def _add_config_commands(commands) -> None:
+  """Adds to `commands` (the subparsers) the `pipeline` and `config` verbs, and the config
+  sections to the `--help` of the verbs that read a config file (`jax_ppo.runs.templates`)."""
+  from jax_ppo.runs.templates import VERBS, sections_help
+
+  pipeline = commands.add_parser(
+      "pipeline", help="SFT, then the reward model, then PPO, from one config file",
+      description="Run (or resume) SFT, the reward model and PPO in order from one pipeline "
+                  "file (jax_ppo.runs.pipeline): each stage trains in out_dir/<stage> and the "
+                  "next starts from its export; key=value overrides name the stage first "
+                  "(sft.train_path=sft.jsonl, ppo.ppo.total_updates=50) or are top-level "
+                  "(model_path=..., out_dir=...). Prints one JSON line per stage; run the same "
+                  "command again to continue a stage that stopped early.",
+  )
+  pipeline.add_argument("args", nargs="*", metavar="CONFIG | key=value")
+  config = commands.add_parser(
+      "config", help="print a command's default config as YAML, each field documented",
+      description="Print the config of `jax-ppo VERB` (train, sft, reward or pipeline) with "
+                  "every field at its default and its documentation as a comment; fields "
+                  "without a default are commented out and marked REQUIRED. Start a run with "
+                  "`jax-ppo config train > run.yaml`, edit it, then `jax-ppo train run.yaml "
+                  "run_dir=... policy_path=... prompts_path=... reward_model_path=...`. "
+                  "key=value arguments are applied first (e.g. preset=dialogue prints the "
+                  "preset's values).",
+  )
+  config.add_argument("verb", metavar="VERB", help=f"one of {', '.join(VERBS)}")
+  config.add_argument("args", nargs="*", metavar="key=value")
+  for verb in VERBS:
+    commands.choices[verb].epilog = sections_help(verb)
+
+
+def _config(args: argparse.Namespace) -> int:
+  """`jax-ppo config VERB`: prints the verb's documented default config."""
+  from jax_ppo.runs.templates import config_template
+
+  sys.stdout.write(config_template(args.verb, args.args))
+  return 0
+
+
+def _pipeline(argv: Sequence[str]) -> int:
+  """`jax-ppo pipeline`: runs (or resumes) the stages and prints one JSON summary per stage."""
+  from jax_ppo.parallel.distributed import initialize
+  from jax_ppo.runs.pipeline import load_pipeline, run_pipeline
+
+  configs = load_pipeline(argv)
+  first = next(configs[name] for name in ("sft", "reward", "ppo") if configs[name] is not None)
+  initialize(first.distributed)  # before any JAX computation
+  summaries = run_pipeline(configs, report=lambda s: print(json.dumps(s), flush=True))
+  if summaries and not summaries[-1]["complete"]:
+    again = " ".join(["jax-ppo", "pipeline", *map(shlex.quote, argv)])
+    print(f"jax-ppo pipeline: stage {summaries[-1]['stage']} is not complete; run the same "
+          f"command again to continue: {again}", file=sys.stderr)
+  return 0
 
 
 def _run_stage(command: str, argv: Sequence[str]) -> int:
@@ -219,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
       return _run_stage(args.command, args.args)
     if args.command == "plan":
       return _plan(args)
+    if args.command == "config":
+      return _config(args)
+    if args.command == "pipeline":
+      return _pipeline(args.args)
     if args.command == "train":
       from jax_ppo.parallel.distributed import initialize
 

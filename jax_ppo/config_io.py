@@ -21,6 +21,9 @@ frozen dataclass with `init=False` fields. This module adds what neither library
   errors with file, line and column;
 * `with_defaults`: the fields a config saved by an older version lacks, at today's defaults, so
   that resuming such a run does not call them changed;
+* `field_docs` and `documented_yaml`: the documentation written under each field (an attribute
+  docstring, or an `Attributes:` entry of the class docstring) and a config as YAML with that
+  documentation as comments (`jax-ppo config`, `jax_ppo.runs.templates`);
 * moved keys: a config class lists the keys it no longer has in `MOVED_KEYS` (old key -> new
   dotted key, e.g. `{"learning_rate": "optimizer.learning_rate"}`). A file or override that uses
   an old key gets one error naming the old and the new key; `migrate_keys` moves them in a
@@ -32,13 +35,18 @@ fields keep their defaults. Fields with `init=False` are neither saved nor read.
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import difflib
+import functools
+import inspect
 import json
 import os
 import pathlib
+import re
 import tempfile
+import textwrap
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -327,6 +335,51 @@ def save_config(config: Any, path: str | os.PathLike) -> pathlib.Path:
   return path
 
 
+def field_docs(cls: type) -> dict[str, str]:
+  """The documentation of each `init` field of the dataclass `cls`, in field order.
+
+  A field's documentation is the string literal written under it (an attribute docstring, the
+  house style; fields written one after the other without one share the next), else its entry in
+  an `Attributes:` section of the class docstring; base classes are read too and a subclass's
+  text wins. Whitespace is collapsed to single spaces; a field without documentation maps to "".
+  """
+  if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+    raise TypeError(f"field_docs expects a dataclass type, got {cls!r}")
+  docs: dict[str, str] = {}
+  for klass in reversed(cls.__mro__):
+    docs.update(_class_field_docs(klass))
+  return {name: docs.get(name, "") for name in _init_hints(cls)}
+
+
+def documented_yaml(
+    cls: type,
+    data: Mapping[str, Any],
+    *,
+    commented: Sequence[str] = (),
+    notes: Mapping[str, str] | None = None,
+    width: int = 100,
+) -> str:
+  """`data` (a plain config dict of `cls`, as `config_to_dict` gives it) as YAML text with each
+  field's documentation (`field_docs`) as a comment above it.
+
+  Nested configs are indented blocks documented the same way; a nested config that is null gets,
+  after `key: null`, the block of its defaults commented out (when its class has defaults for
+  every field), ready to uncomment. `load_config(cls, file)` reads the text back to `data`.
+
+  Args:
+    cls: the dataclass config type.
+    data: its fields' plain values; keys that are not fields of `cls` are an error.
+    commented: top-level keys written commented out (`# key: value`), e.g. required fields the
+      user fills in, so that the text still loads.
+    notes: top-level key -> a comment line written before its documentation (e.g. "REQUIRED").
+    width: the width comments are wrapped to.
+  """
+  check_keys(cls, {k: v for k, v in data.items() if k not in commented}, source="")
+  lines = _yaml_lines(cls, data, indent="", commented=frozenset(commented), notes=notes or {},
+                      width=width)
+  return "\n".join(lines) + "\n"
+
+
 # ---- helpers -------------------------------------------------------------------------------------
 
 
@@ -493,3 +546,94 @@ def _describe(value: Any) -> str:
   if len(text) > 60:
     text = text[:57] + "..."
   return f"{text} ({type(value).__name__})"
+
+
+@functools.cache
+def _class_field_docs(cls: type) -> dict[str, str]:
+  """The field documentation written in `cls`'s own body (attribute docstrings) and docstring
+  (`Attributes:` entries); the attribute docstring wins. Empty for a class without source."""
+  docs = _attributes_section(cls.__dict__.get("__doc__") or "")
+  try:
+    source = textwrap.dedent(inspect.getsource(cls))
+  except (OSError, TypeError):
+    return docs
+  body = next((n.body for n in ast.parse(source).body if isinstance(n, ast.ClassDef)), [])
+  group: list[str] = []  # consecutive fields written without a docstring share the next one
+  for node in body:
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+      group.append(node.target.id)
+      continue
+    if (group and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)):
+      docs.update(dict.fromkeys(group, " ".join(node.value.value.split())))
+    group = []
+  return docs
+
+
+def _attributes_section(doc: str) -> dict[str, str]:
+  """`name -> text` of the entries of a Google-style `Attributes:` section of a docstring."""
+  entries: dict[str, str] = {}
+  lines = inspect.cleandoc(doc).splitlines()
+  start = next((i for i, line in enumerate(lines) if line.strip() == "Attributes:"), None)
+  if start is None:
+    return entries
+  entry_indent, current = None, None
+  for line in lines[start + 1:]:
+    indent = len(line) - len(line.lstrip())
+    if not line.strip() or indent == 0:
+      break
+    entry_indent = indent if entry_indent is None else entry_indent
+    match = re.match(r"(\w+)(?: \([^)]*\))?: ?(.*)$", line.strip())
+    if indent == entry_indent and match:
+      current = match.group(1)
+      entries[current] = match.group(2).strip()
+    elif current is not None:
+      entries[current] = f"{entries[current]} {line.strip()}".strip()
+  return entries
+
+
+def _yaml_value(value: Any) -> str:
+  """One value as flow-style YAML on one line."""
+  text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10**9)
+  return text.removesuffix("\n...\n").rstrip("\n")
+
+
+def _yaml_lines(cls: type, data: Mapping[str, Any], *, indent: str, commented: frozenset[str],
+                notes: Mapping[str, str], width: int) -> list[str]:
+  """`documented_yaml`'s lines for the fields of `cls` in `data`, at `indent`."""
+  docs, hints = field_docs(cls), _init_hints(cls)
+  lines: list[str] = []
+  for name, tp in hints.items():
+    if name not in data:
+      continue
+    value = data[name]
+    for text in (notes.get(name, ""), docs[name]):
+      if text:
+        lines += textwrap.wrap(text, width=max(width - len(indent) - 2, 40),
+                               initial_indent=f"{indent}# ", subsequent_indent=f"{indent}# ",
+                               break_long_words=False, break_on_hyphens=False)
+    nested = _dataclass_of(tp)
+    if nested is not None and isinstance(value, Mapping) and value:
+      block = [f"{indent}{name}:", *_yaml_lines(nested, value, indent=indent + "  ",
+                                                commented=frozenset(), notes={}, width=width)]
+    else:
+      block = [f"{indent}{name}: {_yaml_value(value)}"]
+      if nested is not None and value is None and (example := _defaults_of(nested)):
+        sub = _yaml_lines(nested, example, indent=indent + "  ", commented=frozenset(),
+                          notes={}, width=width - 2)
+        lines += block
+        block = [f"{indent}# {name}:  # to set it, uncomment this block instead of the line above",
+                 *(f"{indent}# {line[len(indent):]}" for line in sub)]
+    if name in commented:
+      block = [f"{indent}# {line[len(indent):]}" for line in block]
+    lines += block
+  return lines
+
+
+def _defaults_of(cls: type) -> dict[str, Any] | None:
+  """The plain values of `cls()`, or None when `cls` has a field without a default or refuses
+  its defaults."""
+  try:
+    return config_to_dict(cls())
+  except (TypeError, ValueError):
+    return None

@@ -312,17 +312,13 @@ def test_pipeline_eval_section_is_checked_before_any_stage(tmp_path):
   assert "add a ppo stage" in error(text=f"{sft_only}eval: {{prompts_path: {held}}}\n")
 
 
-def test_pipeline_script_reports_bad_input_in_one_line(tmp_path, capsys, monkeypatch):
-  root = pathlib.Path(__file__).resolve().parents[1] / "experiments"
-  monkeypatch.syspath_prepend(str(root))
-  from hf_checkpoint_ppo import main as pipeline_main
-
-  assert pipeline_main([str(tmp_path / "none.yaml")]) == 2
+def test_pipeline_command_reports_bad_input_in_one_line(tmp_path, capsys):
+  assert main(["pipeline", str(tmp_path / "none.yaml")]) == 2
   err = capsys.readouterr().err
-  assert err.startswith("hf_checkpoint_ppo: error: ") and "does not exist" in err
+  assert err.startswith("jax-ppo pipeline: error: ") and "does not exist" in err
   assert len(err.strip().splitlines()) == 1
   (tmp_path / "p.yaml").write_text("sft: {model_path: m, train_path: t.jsonl, run_dir: r}\n")
-  assert pipeline_main([str(tmp_path / "p.yaml"), "sft.sft.batch_size=-1"]) == 2
+  assert main(["pipeline", str(tmp_path / "p.yaml"), "sft.sft.batch_size=-1"]) == 2
   err = capsys.readouterr().err
   assert "sft stage" in err and "SFTConfig.batch_size=-1 is invalid" in err
 

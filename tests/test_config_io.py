@@ -18,6 +18,8 @@ from jax_ppo.config_io import (
   config_from_argv,
   config_from_dict,
   config_to_dict,
+  documented_yaml,
+  field_docs,
   load_config,
   migrate_keys,
   override_config,
@@ -583,3 +585,72 @@ def test_migrate_keys_moves_old_keys_of_a_saved_config_and_keeps_their_meaning()
   assert with_defaults(_Run, saved)["stage"]["block"] == {"rate": 0.5, "steps": 2}
   with pytest.raises(ValueError, match="'rate' and 'block.rate' of _Stage are both given"):
     migrate_keys(_Run, {"stage": {"rate": 0.5, "block": {"rate": 0.2}}})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _DocBlock:
+  """A nested block.
+
+  Attributes:
+    size: how many (documented in the class docstring).
+    name: a name that
+      continues on the next line.
+  """
+
+  size: int = 2
+  name: str = "x"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _DocBase:
+  path: str
+  """Where it is."""
+  ratio: float = 0.5
+  """Base text, replaced by the subclass's."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Documented(_DocBase):
+  ratio: float = 0.5
+  """The   ratio,
+  over two lines."""
+  low: int = 0
+  high: int = 9
+  """Bounds (both fields share this text)."""
+  block: _DocBlock = dataclasses.field(default_factory=_DocBlock)
+  """The block."""
+  extra: _DocBlock | None = None
+  """An optional block."""
+  tags: tuple[str, ...] = ("a", "b: c")
+  undocumented_last: bool = True
+
+
+def test_field_docs_read_attribute_docstrings_and_attributes_sections():
+  assert field_docs(_Documented) == {
+      "path": "Where it is.", "ratio": "The ratio, over two lines.",
+      "low": "Bounds (both fields share this text).",
+      "high": "Bounds (both fields share this text).", "block": "The block.",
+      "extra": "An optional block.", "tags": "", "undocumented_last": "",
+  }
+  assert field_docs(_DocBlock) == {"size": "how many (documented in the class docstring).",
+                                "name": "a name that continues on the next line."}
+  with pytest.raises(TypeError):
+    field_docs(_DocBlock())
+
+
+def test_documented_yaml_loads_back_with_docs_as_comments(tmp_path):
+  config = _Documented(path="p", ratio=0.25, tags=("x", "y: z"))
+  data = config_to_dict(config)
+  text = documented_yaml(_Documented, data, commented=["path"], notes={"path": "REQUIRED."})
+  assert "# REQUIRED.\n# Where it is.\n# path: p\n" in text
+  assert "# The ratio, over two lines.\nratio: 0.25\n" in text
+  assert "block:\n  # how many (documented in the class docstring).\n  size: 2\n" in text
+  assert "extra: null\n# extra:  # to set it" in text and "#   size: 2" in text
+  path = tmp_path / "c.yaml"
+  path.write_text(text)
+  assert load_config(_Documented, path, ["path=p"]) == config
+  uncommented = text.replace("# path: p", "path: p")
+  path.write_text(uncommented)
+  assert load_config(_Documented, path) == config
+  with pytest.raises(ValueError, match="Unknown config key 'bogus'"):
+    documented_yaml(_Documented, {**data, "bogus": 1})

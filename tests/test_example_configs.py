@@ -1,13 +1,12 @@
 """Every config under experiments/configs runs end to end, for a few steps, on tiny random Hugging
 Face models built here (paths and sizes replaced through key=value overrides; nothing is
-downloaded). Pipeline configs run through experiments/hf_checkpoint_ppo.py, PPO configs through
+downloaded). Pipeline configs run through `jax-ppo pipeline`, PPO configs through
 `jax-ppo train`, stage configs through `jax-ppo sft` / `jax-ppo reward`.
 """
 
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 
@@ -112,16 +111,7 @@ def test_example_config_loads_with_its_documented_command(name, assets, tmp_path
 
 
 def _run(name: str, argv: list[str], capsys) -> list[dict]:
-  kind = KIND[name]
-  if kind == "pipeline":
-    sys.path.insert(0, str(EXPERIMENTS))
-    try:
-      from hf_checkpoint_ppo import main as pipeline_main
-    finally:
-      sys.path.remove(str(EXPERIMENTS))
-    rc = pipeline_main(argv)
-  else:
-    rc = cli_main([kind, *argv])
+  rc = cli_main([KIND[name], *argv])
   out, err = capsys.readouterr()
   assert rc == 0, err
   return [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -4,6 +4,7 @@ every script is shellcheck-clean when shellcheck is installed (`pip install shel
 
 from __future__ import annotations
 
+import math
 import pathlib
 import shlex
 import shutil
@@ -122,6 +123,108 @@ def test_skypilot_task_is_valid():
   assert (TPU.parent / task["envs"]["CONFIG"]).is_file()
   for key in ("coordinator_address", "num_processes", "process_id"):
     assert f"distributed.{key}=" in task["run"]
+
+
+STUB = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "${HOME}/argv"
+printf '%s' "${JAX_PPO_DISTRIBUTED:-}" > "${HOME}/distributed_flag"
+"""
+"""Stands in for `~/jax_ppo_venv/bin/jax-ppo`: records its arguments and the TPU flag."""
+IPS = ("10.0.0.7", "10.0.0.8", "10.0.0.9", "10.0.0.10")
+
+
+def skypilot_run(tmp_path: pathlib.Path, *, nodes: int, rank: int, tpu: bool = False,
+                 **envs: str) -> tuple[list[str], dict[str, str]]:
+  """The `jax-ppo` arguments and environment of the task's `run:` script on node `rank` of
+  `nodes`, run by bash as SkyPilot runs it (its envs and SKYPILOT_* variables set; `tpu`: on a
+  TPU host), with the installed `jax-ppo` replaced by a stub that records them."""
+  task = yaml.safe_load((TPU / "skypilot.yaml").read_text())
+  script = task["run"]
+  if tpu:
+    device_test = "[ -e /dev/accel0 ] || [ -e /dev/vfio/0 ]"
+    assert device_test in script
+    script = script.replace(device_test, "true")
+  home = tmp_path / f"node{rank}"
+  stub = home / "jax_ppo_venv" / "bin" / "jax-ppo"
+  stub.parent.mkdir(parents=True)
+  stub.write_text(STUB)
+  stub.chmod(0o755)
+  env = {"PATH": "/usr/bin:/bin", "HOME": str(home), **task["envs"], **envs,
+         "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NODE_RANK": str(rank),
+         "SKYPILOT_NODE_IPS": "\n".join(IPS[:nodes])}
+  subprocess.run(["bash", "-c", script], cwd=TPU.parent, env=env, check=True, timeout=30)
+  argv = (home / "argv").read_text().split("\0")[:-1]
+  environ = {k: str(v) for k, v in task["envs"].items()}
+  flag = (home / "distributed_flag").read_text()
+  if flag:
+    environ["JAX_PPO_DISTRIBUTED"] = flag
+  return argv, environ
+
+
+def _devices_per_node(task) -> int:
+  """The GPUs of one node in `resources.accelerators` ("H100:8")."""
+  return int(str(task["resources"]["accelerators"]).rpartition(":")[2] or 1)
+
+
+@pytest.mark.parametrize("nodes", [None, 1, 4])
+def test_skypilot_command_passes_the_run_config_validation(nodes, tmp_path, monkeypatch):
+  """The task's command line, run by bash on every node and read by `jax-ppo train`'s own
+  loader: a mesh over every device of every node (the default, 2 nodes x 8 GPUs; one 8-GPU node;
+  4 nodes), and the distributed settings of a job of `nodes` processes with node 0 as the
+  coordinator. The run's own check (`check_run_mesh`, before any model loads) passes."""
+  from jax_ppo.parallel import distributed
+  from jax_ppo.runs.common import check_run_mesh
+  from jax_ppo.runs.stages import STAGE_LOADERS
+  from jax_ppo.runs.templates import VERB_STAGES
+
+  task = yaml.safe_load((TPU / "skypilot.yaml").read_text())
+  nodes = task["num_nodes"] if nodes is None else nodes
+  devices = nodes * _devices_per_node(task)
+  monkeypatch.setattr(distributed, "multi_process", lambda: nodes > 1)
+  for rank in range(nodes):
+    argv, environ = skypilot_run(tmp_path, nodes=nodes, rank=rank)
+    verb, *args = argv
+    assert verb == "train" and args[0] == task["envs"]["CONFIG"]
+    config = STAGE_LOADERS[VERB_STAGES[verb]](args)
+    assert config.run_dir == task["envs"]["RUN_DIR"]
+    assert config.mesh is not None
+    assert math.prod(config.mesh.shape(devices)) == devices
+    check_run_mesh("RunConfig", config.mesh)
+    d = config.distributed
+    if nodes == 1:  # one process that sees every GPU of the node
+      assert not d.explicit and distributed.distributed_environment(environ) is None
+      continue
+    assert d.mode == "auto" and d.explicit  # `initialize` joins the job with these values
+    assert d.coordinator_address == f"{IPS[0]}:{task['envs']['COORDINATOR_PORT']}"
+    assert (d.num_processes, d.process_id) == (nodes, rank)
+    assert d.local_device_ids is None  # each process uses all 8 GPUs of its node
+
+
+def test_skypilot_command_on_a_tpu_slice_joins_through_the_metadata(tmp_path):
+  from jax_ppo.parallel import distributed
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  argv, environ = skypilot_run(tmp_path, nodes=1, rank=0, tpu=True)
+  config = load_run_config(argv[1:])
+  assert distributed.distributed_environment(environ) == distributed.ENV_FLAG
+  assert config.distributed.mode == "auto" and config.mesh is not None
+  assert math.prod(config.mesh.shape(16)) == 16  # e.g. tpu-v6e-16: every chip of the slice
+
+
+def test_skypilot_mesh_can_be_changed_or_left_to_the_config(tmp_path, monkeypatch):
+  from jax_ppo.parallel import distributed
+  from jax_ppo.runs.common import check_run_mesh
+  from jax_ppo.runs.ppo_config import load_run_config
+
+  argv, _ = skypilot_run(tmp_path, nodes=2, rank=0, MESH="mesh.data=1 mesh.fsdp=-1")
+  mesh = load_run_config(argv[1:]).mesh
+  assert (mesh.data, mesh.fsdp) == (1, -1) and mesh.shape(16) == (1, 16, 1)
+  argv, _ = skypilot_run(tmp_path / "none", nodes=2, rank=1, MESH="")
+  config = load_run_config(argv[1:])
+  assert config.mesh is None  # CONFIG sets none: the run's check stops it, naming the fix
+  monkeypatch.setattr(distributed, "multi_process", lambda: True)
+  with pytest.raises(ValueError, match="mesh.data=-1"):
+    check_run_mesh("RunConfig", config.mesh)
 
 
 def _shellcheck() -> str | None:
