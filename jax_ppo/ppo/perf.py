@@ -88,3 +88,51 @@ def update_flops(
   experience = 2 * (policy_params + behaviour + reward_params) * batch * seq
   training = 6 * (policy_params + critic_params) * batch * seq * epochs
   return float(rollout + experience + training)
+
+
+def compiled_update_model_flops(config, *, rows: int, prompt_len: int, response_len: int,
+                                epochs: int, remat: str, fused_first_epoch: bool,
+                                value_head: bool = True) -> dict[str, float]:
+  r"""Model FLOPs of one PPO update of a policy with the architecture `config` (a
+  `jax_ppo.models.ModelConfig`), counted as its compiled programs run it: the yardstick of
+  `experiments/benchmarks/tpu_waste.py`.
+
+  With `B = rows`, `S = prompt_len`, `T = response_len`, `L` layers, `H` query heads of width
+  `Dh`, hidden `D`, vocabulary `V`, `m = 3` for a gated MLP (else 2):
+
+  .. math::
+     N_{body} &= L (2 D\,H D_h + 2 D\,K D_h + m D I),\quad N_{head} = D V + D [value head] \\
+     F_{attn} &= 4 L H D_h B (S+T)^2 \\
+     F_{fwd} &= 2 N_{body} B (S+T) + 2 N_{head} B T + F_{attn} \\
+     F_{epoch} &= 3 F_{fwd} + R,\quad R = F_{attn} \text{ ("dots")}, F_{fwd} \text{ ("layer",
+       "full")}, 0 \text{ ("none")}
+
+  The trunk runs every slot, the LM head (tied or not) and the value head only the `T` positions
+  that predict a response token (`jax_ppo.ppo.forward.response_hidden`); attention's `q k^T` and
+  `p v` cover the full `(S+T)^2` square, as a dense masked attention computes them (PaLM's
+  count; a causal kernel needs half). The remat policy "dots" keeps the weight matmuls' outputs
+  and recomputes the batched (attention) matmuls in the backward pass. The experience runs the
+  behaviour forward (old log-probs and values) and the reference forward; with
+  `fused_first_epoch` the first epoch's forward gives the behaviour outputs
+  (`PPOSteps.experience_update`), so only the reference runs.
+
+  Returns:
+    `{"n_body", "n_head", "forward", "attention_forward", "experience", "update", "total"}`,
+    FLOPs of the whole job (all chips).
+  """
+  c = config
+  s, t, b, d = prompt_len, response_len, rows, c.hidden_size
+  mlp = 3 if c.gated_mlp else 2
+  n_body = c.num_layers * (2 * d * c.q_size + 2 * d * c.kv_size + mlp * d * c.intermediate_size)
+  n_head = d * c.vocab_size + (d if value_head else 0)
+  attn = 4 * c.num_layers * c.num_heads * c.head_dim * b * (s + t) ** 2
+  fwd = 2 * n_body * b * (s + t) + 2 * n_head * b * t + attn
+  recompute = {"none": 0, "dots": attn, "layer": fwd, "full": fwd, "nothing_saveable": fwd}
+  if remat not in recompute:
+    raise ValueError(f"remat={remat!r}: counted for {sorted(recompute)} only.")
+  update = epochs * (3 * fwd + recompute[remat])
+  experience = (1 if fused_first_epoch else 2) * fwd
+  return {"n_body": float(n_body), "n_head": float(n_head), "forward": float(fwd),
+          "attention_forward": float(attn), "experience": float(experience),
+          "update": float(update), "total": float(experience + update)}
+

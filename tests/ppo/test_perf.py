@@ -91,3 +91,29 @@ def test_job_peak_on_cpu_is_the_measured_rate_per_host(monkeypatch):
   assert perf.job_peak_flops(jnp.float32, one_host) == pytest.approx(100e9)
   two_hosts = [_device("cpu", "cpu", i // 4) for i in range(8)]
   assert perf.job_peak_flops(jnp.float32, two_hosts) == pytest.approx(200e9)
+
+
+def test_compiled_update_model_flops_matches_a_hand_count():
+  # One gated layer: D=4, 2 query heads and 1 key/value head of width 2, MLP 6, vocabulary 10.
+  from jax_ppo.models.config import ModelConfig
+
+  config = ModelConfig(model_type="qwen3", vocab_size=10, hidden_size=4, intermediate_size=6,
+                       num_layers=1, num_heads=2, num_kv_heads=1, head_dim=2,
+                       max_position_embeddings=16, qk_norm=True, tie_word_embeddings=True)
+  weights = {"q": 4 * 4, "k": 4 * 2, "v": 4 * 2, "o": 4 * 4, "gate": 4 * 6, "up": 4 * 6,
+             "down": 6 * 4}
+  head = 4 * 10 + 4  # tied LM head + value head, on the T = 2 response positions only
+  rows, s, t = 2, 3, 2
+  attention = 2 * (2 * rows * 2 * 2 * (s + t) ** 2)  # q k^T and p v, every head, full square
+  forward = 2 * sum(weights.values()) * rows * (s + t) + 2 * head * rows * t + attention
+  assert forward == 2400 + 352 + 800
+  epoch = {"none": 3 * forward, "dots": 3 * forward + attention, "full": 4 * forward}
+  for remat, per_epoch in epoch.items():
+    for fused, forwards in ((False, 2), (True, 1)):
+      got = perf.compiled_update_model_flops(config, rows=rows, prompt_len=s, response_len=t,
+                                             epochs=2, remat=remat, fused_first_epoch=fused)
+      assert got["total"] == forwards * forward + 2 * per_epoch, (remat, fused)
+      assert got["forward"] == forward and got["attention_forward"] == attention
+  with pytest.raises(ValueError, match="remat"):
+    perf.compiled_update_model_flops(config, rows=1, prompt_len=1, response_len=1, epochs=1,
+                                     remat="dots_all", fused_first_epoch=False)
