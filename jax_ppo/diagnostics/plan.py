@@ -29,6 +29,7 @@ it at a time (its lock file, `libtpu_lockfile` in the temporary folder).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,15 +83,37 @@ class Program:
   outside_bytes: int = 0
 
 
+class DoesNotFit(PlanError):
+  """XLA refused a program for want of HBM (RESOURCE_EXHAUSTED): it does not fit one chip.
+
+  Attributes:
+    required_bytes: what XLA said the program needs (its temporaries, or its total), when the
+      message gives it; None otherwise.
+  """
+
+  def __init__(self, message: str, required_bytes: int | None = None):
+    super().__init__(message)
+    self.required_bytes = required_bytes
+
+
+_SIZE = re.compile(r"required for [^(]*\(([\d.]+)([KMGT])\)")
+
+
 def compile_program(name: str, program: Program, *, topology: str):
   """`program` lowered and compiled; PlanError naming the program and the topology when XLA
-  refuses it."""
+  refuses it (`DoesNotFit` when for want of HBM)."""
   try:
     return program.lower(*program.args).compile()
   except Exception as e:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise PlanError(f"program {name!r} does not compile for TPU topology {topology!r}: "
-                    f"{first}") from e
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    message = f"program {name!r} does not compile for TPU topology {topology!r}: {first}"
+    if "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text:
+      size = _SIZE.search(text)
+      required = (None if size is None else
+                  int(float(size.group(1)) * 2.0 ** (10 * "KMGT".index(size.group(2)) + 10)))
+      raise DoesNotFit(message, required) from e
+    raise PlanError(message) from e
 
 
 # ---- the plan ------------------------------------------------------------------------------
@@ -226,16 +249,20 @@ def plan_chip(devices: list, topology: str) -> Chip:
   return chip
 
 
-def compile_plan(programs: Mapping[str, Program], costs: Mapping[str, Cost], *, topology: str,
+def compile_plan(programs: Mapping[str, Program],
+                 costs: Mapping[str, Cost] | Callable[[], Mapping[str, Cost]], *, topology: str,
                  devices: list, mesh_sizes: dict[str, int], dtype: str,
                  resident_bytes: dict[str, int]) -> Plan:
   """Compiles `programs` (as the run compiles them) for `topology` and reports each per chip,
-  with its loop-corrected `costs` and their roofline time on the slice's chip."""
+  with its loop-corrected `costs` and their roofline time on the slice's chip. `costs` may be a
+  function, called once every program has compiled (a program that does not fit then fails
+  before any cost variant is compiled)."""
   chip = plan_chip(devices, topology)
-  out = {}
-  for name, program in programs.items():
-    out[name] = ProgramPlan.read(compile_program(name, program, topology=topology), program,
-                                 costs[name], chip, dtype=dtype)
+  compiled = {name: compile_program(name, program, topology=topology)
+              for name, program in programs.items()}
+  costs = costs() if callable(costs) else costs
+  out = {name: ProgramPlan.read(compiled[name], program, costs[name], chip, dtype=dtype)
+         for name, program in programs.items()}
   return Plan(topology=topology, chip=chip.name, chips=len(devices),
               hosts=len({d.process_index for d in devices}), hbm_per_chip_bytes=chip.hbm_bytes,
               mesh=mesh_sizes, dtype=dtype, resident_bytes_per_chip=resident_bytes,
@@ -270,6 +297,7 @@ def format_plan(plan: Plan) -> str:
 
 __all__ = [
     "Cost",
+    "DoesNotFit",
     "Plan",
     "Program",
     "ProgramPlan",

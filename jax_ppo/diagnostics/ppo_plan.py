@@ -16,9 +16,11 @@ models:
 
 Memory, fit and roofline as in `jax_ppo.diagnostics.plan`. The loops other than the layers are
 counted back from their bodies compiled alone (`decode_step`:
-`jax_ppo.rollout.sampler.decode_body`; `microbatch_grad`: one microbatch's `value_and_grad`;
-`optimizer_step`: one guarded AdamW step), with `T = sampling.max_new_tokens`, `E = ppo_epochs`,
-`M = num_minibatches`, `A = gradient_accumulation_steps`:
+`jax_ppo.rollout.sampler.decode_body` as the loop runs it, its weights in the compute dtype and
+its cache in the loop's layout, unrolled at full depth (`layer_costs`); `microbatch_grad`: one
+microbatch's `value_and_grad`; `optimizer_step`: one guarded AdamW step), with
+`T = sampling.max_new_tokens`, `E = ppo_epochs`, `M = num_minibatches`,
+`A = gradient_accumulation_steps`:
 
     generate          = XLA + (T - 2) decode_step      (prefill, then T - 1 decode steps)
     update            = XLA + (E M A - 1) microbatch_grad + (E M - 1) optimizer_step
@@ -32,24 +34,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import advise
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
+  DoesNotFit,
   Plan,
   Program,
   compile_plan,
   compile_program,
   grouped_depth_costs,
   peak_bytes,
+  plan_chip,
   with_layers,
+  xla_cost,
 )
 from jax_ppo.diagnostics.shapes import plan_model_config
 from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
@@ -382,13 +389,20 @@ class RunPrograms:
                         tokens=self._abstract((b, t), jnp.int32),
                         logprobs=self._abstract((b, t), jnp.float32), cache=cache)
     graphdef, sampling = self.sampler_graphdef, self.sampling
+    # As `generate` runs its loop body: the weight matrices already in the compute dtype (XLA
+    # hoists their loop-invariant converts out of the decode loop) and the carry (the KV cache)
+    # in the layout the loop chooses, not converted and relaid out on every step.
+    matrix = lambda x: x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
+    policy = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, self.dtype if matrix(x) else x.dtype, sharding=x.sharding), policy)
 
     def decode_step(policy, carry, rng):
       return decode_body(nnx.merge(graphdef, *policy), carry, rng=rng, config=sampling)
 
     sharding = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-    decode_jit = jax.jit(decode_step, in_shardings=sharding((policy, carry, key)),
-                         out_shardings=sharding(carry), donate_argnums=(1,))
+    auto = lambda tree: jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), tree)  # noqa: E731
+    decode_jit = jax.jit(decode_step, in_shardings=(sharding(policy), auto(carry), sharding(key)),
+                         out_shardings=auto(carry), donate_argnums=(1,))
 
     def decode_lower(*args):
       with rules.gather_layers(mesh):
@@ -430,24 +444,38 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
 
 def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
   """XLA costs of the programs and of the loop bodies with trips (`loop_trips`) at every model's
-  full depth, extrapolated from variants compiled with 1 and 2 unrolled layers
-  (`jax_ppo.diagnostics.plan.grouped_depth_costs`)."""
+  full depth: extrapolated from variants compiled with 1 and 2 unrolled layers
+  (`jax_ppo.diagnostics.plan.grouped_depth_costs`), except the decode step, compiled unrolled at
+  full depth (at 1 and 2 layers a whole KV cache fits in a TPU core's on-chip memory, where the
+  compiler keeps it: the depth difference is then not a layer's HBM traffic)."""
   names = RunPrograms(shape, mesh).programs().keys()
   trips = loop_trips(shape.ppo, names, max_new_tokens=sampling_config(shape.ppo).max_new_tokens)
   pieces = {p for t in trips.values() for p in t}
-  return grouped_depth_costs(lambda layers: RunPrograms(shape, mesh, layers=layers,
-                                                        scan_layers=False).programs(
-                                                            pieces=pieces),
-                             model_depths(shape), topology=topology)
+  costs = grouped_depth_costs(
+      lambda layers: RunPrograms(shape, mesh, layers=layers, scan_layers=False).programs(
+          pieces=pieces - {"decode_step"}),
+      model_depths(shape), topology=topology)
+  if "decode_step" in pieces:
+    step = RunPrograms(shape, mesh, scan_layers=False).programs(pieces=("decode_step",))
+    costs["decode_step"] = xla_cost(compile_program("decode_step", step["decode_step"],
+                                                    topology=topology))
+  return costs
 
 
 def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, int]:
   """Per-chip peak bytes of each program of `shape` on the slice (compiled as the run compiles
-  them; `jax_ppo.diagnostics.plan.peak_bytes`), without costs."""
+  them; `jax_ppo.diagnostics.plan.peak_bytes`), without costs. A program XLA refuses for want of
+  HBM gets what XLA said it needs (more than the chip has) or `sys.maxsize`."""
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  return {name: peak_bytes(compile_program(name, program, topology=topology).memory_analysis(),
-                           program.outside_bytes)
-          for name, program in RunPrograms(shape, mesh).programs().items()}
+  peaks = {}
+  for name, program in RunPrograms(shape, mesh).programs().items():
+    try:
+      compiled = compile_program(name, program, topology=topology)
+    except DoesNotFit as e:
+      peaks[name] = e.required_bytes or sys.maxsize
+      continue
+    peaks[name] = peak_bytes(compiled.memory_analysis(), program.outside_bytes)
+  return peaks
 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
@@ -468,15 +496,28 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
   devices = tpu_devices(topology) if devices is None else devices
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   run = RunPrograms(shape, mesh)
-  costs = loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
-                         max_new_tokens=run.sampling.max_new_tokens)
-  plan = compile_plan(run.programs(), costs, topology=topology, devices=devices,
-                      mesh_sizes=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES), strict=True)),
-                      dtype=shape.dtype, resident_bytes=run.resident_bytes)
+  costs = lambda: loop_corrected(layer_costs(shape, mesh, topology=topology),  # noqa: E731
+                                 shape.ppo, max_new_tokens=run.sampling.max_new_tokens)
+  hbm = plan_chip(devices, topology).hbm_bytes
+
+  def advised():
+    return advise(shape, chips=len(devices), hbm_bytes=hbm,
+                  peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
+
+  try:
+    plan = compile_plan(run.programs(), costs, topology=topology, devices=devices,
+                        mesh_sizes=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES),
+                                            strict=True)),
+                        dtype=shape.dtype, resident_bytes=run.resident_bytes)
+  except DoesNotFit as e:
+    if not advice:
+      raise
+    found = advised()
+    fix = ("; it fits with " + " ".join(found[0].change) if found and found[0].fits else
+           "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
+    raise DoesNotFit(str(e) + fix, e.required_bytes) from e
   if advice and not plan.fits:
-    found = advise(shape, chips=len(devices), hbm_bytes=plan.hbm_per_chip_bytes,
-                   peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
-    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in found))
+    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in advised()))
   return plan
 
 

@@ -225,3 +225,14 @@ def test_only_loop_bodies_with_trips_are_compiled():
   split = PPOConfig(batch_size=8, ppo_epochs=1, gradient_accumulation_steps=4)
   assert ppo_plan.loop_trips(split, ["update"], max_new_tokens=16) == {
       "update": {"microbatch_grad": 3}}
+
+
+def test_out_of_memory_is_does_not_fit_with_what_xla_asked_for():
+  def refuse(*_):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required "
+                       "for HLO temporaries (134.16G) exceeds available HBM (95.74G).")
+
+  with pytest.raises(plan.DoesNotFit) as e:
+    plan.compile_program("update", plan.Program(refuse, ()), topology="v5p:2x2x1")
+  assert e.value.required_bytes == int(134.16 * 2**30)
+  assert str(e.value).startswith("program 'update' does not compile for TPU topology 'v5p:2x2x1'")
