@@ -77,8 +77,6 @@ def parse_args(argv=None):
   p.add_argument("--microbatch", type=int, default=8, help="rows per microbatch (split form)")
   p.add_argument("--epochs", type=int, default=4, help="ppo_epochs")
   p.add_argument("--dtype", default="bfloat16", help="compute dtype")
-  p.add_argument("--decode-as-plan", action="store_true",
-                 help="(b) from ppo_plan's decode_step piece as it is (float32 weights)")
   p.add_argument("--parts", default="update,decode,fsdp", help="which ratios to compute")
   p.add_argument("--json", help="write the results here")
   return p.parse_args(argv)
@@ -120,61 +118,19 @@ def qwen3_config(num_layers: int):
   return with_layers(config, num_layers)
 
 
-def decode_step_cost(run, args, *, as_plan: bool):
+def decode_step_cost(run, args):
   """XLA cost of one decode step at the model's full depth, layers unrolled (no extrapolation:
   at 1 and 2 layers the whole KV cache fits in a v5e's 128 MiB VMEM and the compiler moves it
   there, so the depth difference is not a layer's HBM traffic), and the per-chip bytes of the
-  weights it should read once.
-
-  As the sampler runs it (default): `generate` converts the float32 weights to the compute
-  dtype once, outside its decode loop (XLA hoists the loop-invariant `convert`s), and lays the
-  KV cache out as the loop wants; so here the matrices (ndim >= 2) come in the compute dtype
-  and the carry's layouts are left to the compiler (`Layout.AUTO`). `as_plan`: the
-  `decode_step` piece of `ppo_plan.RunPrograms.programs(pieces=True)` as it is (float32
-  weights converted inside the step, the cache in the default layout)."""
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-  from jax.experimental.layout import Format, Layout
-
-  from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
+  weights it should read once: `ppo_plan`'s `decode_step` piece, compiled as the sampler's loop
+  runs it (the matrices in the compute dtype, as `generate` converts them once outside its
+  loop; the carry's layouts left to the compiler)."""
+  from jax_ppo.diagnostics.memory import shard_bytes
   from jax_ppo.diagnostics.plan import compile_program, xla_cost
-  from jax_ppo.models import init_cache
-  from jax_ppo.parallel import rules
-  from jax_ppo.rollout.sampler import DecodeCarry, decode_body
 
-  policy = (run.state.policy, run.frozen.policy_rest)
-  if as_plan:
-    program = run.programs(pieces=True)["decode_step"]
-    compiled = compile_program("decode_step", program, topology=args.topology)
-    return xla_cost(compiled), shard_bytes(policy)
-  mesh, b, s, t = run.mesh, args.rows, args.prompt, args.response
-  matrix = lambda x: x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)  # noqa: E731
-  policy = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, run.dtype if matrix(x) else x.dtype, sharding=x.sharding), policy)
-  place = lambda shape, dtype, role="batch": placed_abstract(  # noqa: E731
-      jax.ShapeDtypeStruct(shape, dtype), role, mesh)
-  cache = jax.eval_shape(lambda: init_cache(run.model_config, batch_size=b,
-                                            max_length=s + t - 1, dtype=run.dtype))
-  cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                       cache, rules.cache_shardings(cache, mesh))
-  carry = DecodeCarry(step=place((), jnp.int32, "replicated"), token=place((b,), jnp.int32),
-                      done=place((b,), jnp.bool_), done_before=place((b,), jnp.bool_),
-                      tokens=place((b, t), jnp.int32), logprobs=place((b, t), jnp.float32),
-                      cache=cache)
-  key = placed_abstract(jax.eval_shape(lambda: jax.random.PRNGKey(0)), "replicated", mesh)
-  graphdef, sampling = run.sampler_graphdef, run.sampling
-
-  def step(policy, carry, rng):
-    return decode_body(nnx.merge(graphdef, *policy), carry, rng=rng, config=sampling)
-
-  sharding = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
-  auto = lambda tree: jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), tree)  # noqa: E731
-  jitted = jax.jit(step, in_shardings=(sharding(policy), auto(carry), sharding(key)),
-                   out_shardings=auto(carry), donate_argnums=(1,))
-  with rules.gather_layers(mesh):
-    compiled = jitted.lower(policy, carry, key).compile()
-  return xla_cost(compiled), shard_bytes(policy)
+  program = run.programs(pieces=("decode_step",))["decode_step"]
+  compiled = compile_program("decode_step", program, topology=args.topology)
+  return xla_cost(compiled), shard_bytes(program.args[0])
 
 
 def cost_model_floors(run, args) -> dict[str, float]:
@@ -250,7 +206,8 @@ def main(argv=None) -> int:
 
   def costs(run_shape, names) -> dict[str, Cost]:
     def programs_at(layers):
-      run = ppo_plan.RunPrograms(run_shape, mesh, num_layers=layers, scan_layers=False)
+      run = ppo_plan.RunPrograms(run_shape, mesh, layers={"policy": layers},
+                                 scan_layers=False)
       run.steps.logits_chunk_bytes = None  # the chunked head's lax.map is counted once
       progs = run.programs(pieces=True)
       return {k: progs[k] for k in names}
@@ -304,7 +261,7 @@ def main(argv=None) -> int:
     run_shape = shape(args.microbatch, "dots")
     t0 = time.perf_counter()
     run = ppo_plan.RunPrograms(run_shape, mesh, scan_layers=False)
-    step, weights = decode_step_cost(run, args, as_plan=args.decode_as_plan)
+    step, weights = decode_step_cost(run, args)
     rows_chip = args.rows // n
     cache_item = jax.numpy.dtype(run.dtype).itemsize
     live = args.prompt + args.response / 2
@@ -322,7 +279,7 @@ def main(argv=None) -> int:
     results["decode_bytes"] = {
         "cost_model_factors": floors, "cost_model_floor_full_cache": floor,
         "ratio_to_cost_model_floor": step.bytes_accessed / floor,
-        "program": "plan piece" if args.decode_as_plan else "as in the sampler's loop",
+        "program": "as in the sampler's loop",
         "compiled_bytes_per_chip": step.bytes_accessed, "compiled_flops_per_chip": step.flops,
         "weights_bytes_per_chip": weights, "live_kv_bytes_per_chip": kv,
         "average_live_slots": live, "cache_slots": args.prompt + args.response - 1,
