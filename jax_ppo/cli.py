@@ -78,7 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                   "head dropped, with its tokenizer, as a Hugging Face causal-LM folder.",
   )
   export.add_argument("--run-dir", required=True, help="run folder written by `train`")
-  export.add_argument("--out", required=True, help="output folder")
+  export.add_argument("--out", required=True,
+                      help="output folder: new, empty, or an earlier export (replaced once the "
+                           "new one is complete); never the run folder or a folder it reads")
   export.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
   export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                       help="dtype of the written weights (default: as trained)")

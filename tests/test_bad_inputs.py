@@ -9,6 +9,8 @@ Tiny random GPT-2 models and word-level tokenizers are built locally (no downloa
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -347,6 +349,83 @@ def test_run_folder_without_a_checkpoint(files, tmp_path, capsys):
   assert "--prompts=" in capsys.readouterr().err
 
 
+# ---- run and output folders over the inputs (issue 24 item 4) -----------------------------------
+
+
+def _hashes(folder) -> dict[str, str]:
+  """sha256 of every file under `folder`, by relative path."""
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_folder_over_an_input_is_refused_before_anything_loads(files, tmp_path, capsys):
+  policy = _policy_copy(files, tmp_path)
+  before = _hashes(tmp_path)
+  for run_dir, how in ((policy, "is"), (policy / "run", "lies inside"), (tmp_path, "contains")):
+    status = main(["train", str(files / "run.yaml"), f"run_dir={run_dir}",
+                   f"policy_path={policy}"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"jax-ppo train: error: RunConfig.run_dir='{run_dir}' {how} "
+                          f"RunConfig.policy_path='{policy}', which the run reads: the run would "
+                          "write over its own input. Give RunConfig.run_dir a path outside"), err
+  assert _hashes(tmp_path) == before and not (policy / "run").exists()
+  # Through the Python API: the same error when the config is built, for every input.
+  base = [str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}"]
+  for override, field in (
+      (f"run_dir={files / 'prompts.txt'}", "prompts_path"),
+      (f"run_dir={files / 'reward'}", "reward_model_path"),
+      (f"value_model_path={tmp_path / 'run' / 'critic'}", "value_model_path"),
+  ):
+    extra = ["reward_function=null", f"reward_model_path={files / 'reward'}"]
+    with pytest.raises(ValueError, match=rf"^RunConfig.run_dir='[^']*' (is|contains) "
+                                         rf"RunConfig.{field}="):
+      run_config.load_run_config([*base, *extra, override])
+  config = run_config.load_run_config(base)
+  with pytest.raises(ValueError, match=r"^RunConfig.run_dir='.*policy' is RunConfig.policy_path"):
+    dataclasses.replace(config, run_dir=config.policy_path)
+  with pytest.raises(ValueError, match=r"lies inside RunConfig.rewards\[1\].model_path="):
+    run_config.load_run_config([*base, f"run_dir={files / 'reward' / 'run'}",
+                                "reward_function=null", "rewards=[{function: length}, "
+                                f"{{model_path: {files / 'reward'}}}]"])
+  assert _hashes(files / "policy") == _hashes(policy)
+
+
+def test_export_and_eval_outputs_over_inputs_are_refused(files, tmp_path, capsys):
+  from jax_ppo.config_io import save_config
+
+  policy = _policy_copy(files, tmp_path)
+  run_dir = tmp_path / "run"
+  config = run_config.load_run_config([str(files / "run.yaml"), f"run_dir={run_dir}",
+                                       f"policy_path={policy}"])
+  run_dir.mkdir()
+  save_config(config, run_dir)
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("keep me")
+  before = _hashes(tmp_path)
+  for out, message in (
+      (policy, f"--out='{policy}' is RunConfig.policy_path='{policy}', which the run reads"),
+      (policy / "hf", f"--out='{policy / 'hf'}' lies inside RunConfig.policy_path="),
+      (run_dir, f"--out='{run_dir}' is --run-dir='{run_dir}': an export replaces its folder "
+                "whole, so it would delete the run folder"),
+      (notes, f"--out='{notes}' is a folder that holds no model (no config.json; it holds "
+              "todo.txt): an export replaces its folder whole"),
+  ):
+    assert main(["export", "--run-dir", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"jax-ppo export: error: {message}") and err.count("\n") == 1, err
+  with pytest.raises(ValueError, match=r"^--out='.*policy' is RunConfig.policy_path="):
+    run.export_run(run_dir, policy)
+  prompts = files / "prompts.txt"
+  assert main(["eval", "--run-dir", str(run_dir), "--prompts", str(prompts), "--out",
+               str(prompts)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"jax-ppo eval: error: --out='{prompts}' is --prompts='{prompts}', which "
+                        "the run reads"), err
+  assert _hashes(tmp_path) == before
+
+
 # ---- tokenizers that differ ----------------------------------------------------------------------
 
 
@@ -369,8 +448,11 @@ def test_reward_model_with_its_own_tokenizer_scores_its_own_ids(files, tmp_path)
   own, foreign = [], []
   for s in samples:
     text = f"{s['prompt']} {s['response']}"  # word-level decode joins tokens with spaces
-    ids_b = tok_b(text, add_special_tokens=False)["input_ids"]
-    ids_a = tok_a(text, add_special_tokens=False)["input_ids"]
+    # The policy's special tokens (its EOS) are dropped; the reward tokenizer adds its own.
+    text = tok_a.decode(tok_a(text, add_special_tokens=False)["input_ids"],
+                        skip_special_tokens=True)
+    ids_b = tok_b(text)["input_ids"]
+    ids_a = tok_a(text)["input_ids"]
     assert ids_a != ids_b and tok_b.unk_token_id not in ids_b  # every id differs, no unknowns
     with torch.no_grad():
       own.append(float(hf(torch.tensor([ids_b])).logits[0, 0]))

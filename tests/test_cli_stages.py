@@ -6,9 +6,12 @@ that transformers reads, and the reward stage's normalisation gives SFT-policy s
 std 1 (docs/rlhf_details.md item 16). Every bad input is one line naming the field and the fix.
 """
 
+import hashlib
 import json
 import math
 import pathlib
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -231,6 +234,113 @@ def test_field_names_and_json_files_are_configurable(assets, tmp_path):
     assert trainer.train_pairs.num_pairs == 4
   finally:
     trainer.close()
+
+
+def _hashes(folder: pathlib.Path) -> dict[str, str]:
+  """sha256 of every file under `folder`, by relative path."""
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_a_stage_never_writes_over_its_inputs(stage, assets, tmp_path, capsys):
+  """Issue 24 item 4: a run or export folder that is, contains or lies inside a path the stage
+  reads, or an export that holds the run folder, is one error naming both fields and paths,
+  through the command line and the Python API, before anything is written: every file of the
+  model and data folders is byte-identical afterwards. (Before, an SFT run exporting to its
+  own model folder overwrote model.safetensors.)"""
+  name, load = (("SFTRunConfig", load_sft_config) if stage == "sft" else
+                ("RewardRunConfig", load_reward_config))
+  model = tmp_path / "model"
+  shutil.copytree(assets["model"], model)
+  data_dir = tmp_path / "data"
+  data_dir.mkdir()
+  data = data_dir / "train.jsonl"
+  shutil.copy(assets["sft"] if stage == "sft" else assets["prefs"], data)
+  base = [f"model_path={model}", f"train_path={data}", *(SFT if stage == "sft" else REWARD)]
+  run_dir = tmp_path / "run"
+  cases = [
+      ([f"run_dir={run_dir}", f"export_dir={model}"],
+       f"{name}.export_dir='{model}' is {name}.model_path='{model}', which the run reads: the run "
+       f"would write over its own input. Give {name}.export_dir a path outside every folder"),
+      ([f"run_dir={model}"], f"{name}.run_dir='{model}' is {name}.model_path='{model}'"),
+      ([f"run_dir={model / 'run'}"], f"{name}.run_dir='{model / 'run'}' lies inside "
+                                     f"{name}.model_path='{model}'"),
+      ([f"run_dir={tmp_path}"], f"{name}.run_dir='{tmp_path}' contains {name}.model_path="),
+      ([f"run_dir={run_dir}", f"export_dir={data_dir}"],
+       f"{name}.export_dir='{data_dir}' contains {name}.train_path='{data}'"),
+      ([f"run_dir={run_dir}", f"eval_path={data}", f"export_dir={data}"],
+       f"{name}.export_dir='{data}' is {name}.train_path='{data}'"),
+      ([f"run_dir={tmp_path / 'runs' / 'a'}", f"export_dir={tmp_path / 'runs'}"],
+       f"{name}.export_dir='{tmp_path / 'runs'}' contains {name}.run_dir="
+       f"'{tmp_path / 'runs' / 'a'}': an export replaces its folder whole, so it would delete "
+       "the run folder"),
+      ([f"run_dir={run_dir}", f"export_dir={run_dir}"],
+       f"{name}.export_dir='{run_dir}' is {name}.run_dir='{run_dir}'"),
+  ]
+  if stage == "reward":
+    cases += [
+        ([f"run_dir={run_dir}", f"policy_path={run_dir / 'policy'}"],
+         f"RewardRunConfig.run_dir='{run_dir}' contains RewardRunConfig.policy_path="),
+        ([f"run_dir={run_dir}", f"normalise_prompts_path={run_dir / 'hf_model'}"],
+         f"RewardRunConfig.export_dir='{run_dir / 'hf_model'}' is "
+         "RewardRunConfig.normalise_prompts_path="),
+    ]
+  before = _hashes(tmp_path)
+  for extra, message in cases:
+    if stage == "reward" and "normalise_prompts_path" in extra[-1]:
+      message = f"RewardRunConfig.run_dir='{run_dir}' contains RewardRunConfig.normalise_prompts"
+    assert main([stage, *base, *extra]) == 2, extra
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"jax-ppo {stage}: error: {message}"), err
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
+      load([*base, *extra])
+  assert _hashes(tmp_path) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "model"]
+  # A non-empty export folder that holds no model is refused before anything loads, and kept.
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("keep me")
+  assert main([stage, *base, f"run_dir={run_dir}", f"export_dir={notes}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"jax-ppo {stage}: error: {name}.export_dir='{notes}' is a folder that "
+                        "holds no model (no config.json; it holds todo.txt)"), err
+  assert (notes / "todo.txt").read_text() == "keep me" and not run_dir.exists()
+
+
+def test_pipeline_stages_never_write_over_each_others_inputs(assets, tmp_path):
+  """Across stages (issue 24 item 4): a later stage's run or export folder over what an earlier
+  stage reads, or an export holding another stage's run folder, names both stages' fields."""
+  model = str(tmp_path / "model")
+  sft_data = tmp_path / "sft_data"
+  sft_data.mkdir()
+  shutil.copy(assets["sft"], sft_data / "sft.jsonl")
+  pipeline = {"model_path": model, "out_dir": str(tmp_path / "out"),
+              "sft": {"train_path": str(sft_data / "sft.jsonl")},
+              "reward": {"train_path": assets["prefs"]},
+              "ppo": {"prompts_path": assets["prompts"], "reward_function": "length"}}
+  path = tmp_path / "pipe.yaml"
+  path.write_text(yaml.safe_dump(pipeline))
+  load_pipeline([str(path)])  # the default layout is fine
+
+  def error(*overrides):
+    with pytest.raises(ValueError) as info:
+      load_pipeline([str(path), *overrides])
+    return str(info.value)
+
+  source = f"Pipeline file {str(path)!r}: "
+  assert error(f"reward.run_dir={model}").startswith(
+      f"{source}reward.run_dir='{model}' is sft.model_path='{model}', which the run reads")
+  assert error(f"ppo.run_dir={sft_data}").startswith(
+      f"{source}ppo.run_dir='{sft_data}' contains sft.train_path='{sft_data / 'sft.jsonl'}'")
+  parent = tmp_path / "parent"
+  assert error(f"ppo.run_dir={parent / 'ppo'}", f"reward.export_dir={parent}").startswith(
+      f"{source}reward.export_dir='{parent}' contains ppo.run_dir='{parent / 'ppo'}': an export "
+      "replaces its folder whole")
+  # A stage's own paths are checked by its config, named by the stage.
+  assert error(f"sft.export_dir={model}").startswith(
+      f"{source[:-2]}, sft stage: SFTRunConfig.export_dir='{model}' is SFTRunConfig.model_path=")
 
 
 def test_pipeline_wiring_and_errors(tmp_path):

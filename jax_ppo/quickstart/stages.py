@@ -2,9 +2,9 @@
 
 Each stage writes into its own sub-folder of the output folder and is skipped when its result is
 already there (a finished stage leaves `hf/config.json` or its data files, written under a
-temporary name and renamed at the end), so running the same command again resumes. SFT, the
-reward model and PPO train in `RunLoop` run folders and resume mid-stage from their latest
-checkpoint.
+temporary name and renamed at the end; the models by `jax_ppo.training.export`), so running the
+same command again resumes. SFT, the reward model and PPO train in `RunLoop` run folders and
+resume mid-stage from their latest checkpoint.
 
 Layout of `out/`::
 
@@ -45,7 +45,6 @@ from jax_ppo.models import (
   pad_batch,
   value_model_from_reward_model,
 )
-from jax_ppo.parallel.distributed import barrier, is_main_process
 from jax_ppo.quickstart import reviews
 from jax_ppo.quickstart.config import QuickstartConfig
 from jax_ppo.quickstart.tokenizer_training import train_bpe_tokenizer
@@ -93,22 +92,6 @@ def replace_stage_records(path: str | os.PathLike, stage: str,
 
 def _finished(hf_dir: pathlib.Path) -> bool:
   return (hf_dir / "config.json").exists()
-
-
-def _export_atomically(export: Callable[[pathlib.Path], Any], hf_dir: pathlib.Path) -> None:
-  """Runs `export(tmp)` and renames `tmp` to `hf_dir`, so `hf_dir` exists only when complete.
-  Several processes: all export (process 0 writes); only process 0 deletes and renames, and
-  every process waits for it (`barrier`)."""
-  tmp = hf_dir.with_name(hf_dir.name + ".tmp")
-  main = is_main_process()
-  if main:
-    shutil.rmtree(tmp, ignore_errors=True)
-  barrier(f"export {tmp}: cleared")
-  export(tmp)
-  if main:
-    shutil.rmtree(hf_dir, ignore_errors=True)
-    os.replace(tmp, hf_dir)
-  barrier(f"export {hf_dir}: renamed")
 
 
 def clean_text(tokenizer, text: str) -> str:
@@ -188,7 +171,7 @@ def stage_sft(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, train: list[d
     if history.preempted:
       raise KeyboardInterrupt(f"SFT interrupted by {history.preempted}; run again to resume.")
     metrics = trainer.evaluate()
-    _export_atomically(trainer.export, hf)
+    trainer.export(hf)  # atomic: hf/ appears only when complete (jax_ppo.training.export)
   replace_stage_records(out / "metrics.jsonl", "sft", [{"stage": "sft", "step": cfg.sft_steps,
                                                         **metrics}])
   return hf, metrics
@@ -333,7 +316,7 @@ def stage_reward(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pa
     ids, mask = sequences(tokenizer, sft_samples)
     norm = trainer.normalise(input_ids=ids, attention_mask=mask)
     metrics.update(hack_probe(trainer, tokenizer, sft_samples, seed=cfg.seed + 9))
-    _export_atomically(trainer.export, hf)
+    trainer.export(hf)  # atomic: hf/ appears only when complete (jax_ppo.training.export)
   metrics = {**metrics, **{f"normalisation/{k}": v for k, v in norm.items()}}
   replace_stage_records(out / "metrics.jsonl", "reward_model",
                         [{"stage": "reward_model", "step": cfg.rm_steps, **metrics}])
@@ -427,7 +410,7 @@ def stage_ppo(cfg: QuickstartConfig, out: pathlib.Path, tokenizer, sft_hf: pathl
       trainer.train(min(cfg.eval_every - step % cfg.eval_every, cfg.ppo_updates - step))
       if trainer.preempted:
         raise KeyboardInterrupt(f"PPO interrupted by {trainer.preempted}; run again to resume.")
-    _export_atomically(trainer.export, hf)
+    trainer.export(hf)  # atomic: hf/ appears only when complete (jax_ppo.training.export)
   return hf
 
 

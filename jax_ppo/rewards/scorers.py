@@ -286,8 +286,12 @@ class RewardModelScorer:
   """Scores from a reward model (`jax_ppo.models.ScalarModel`) read at the last valid token.
 
   When the reward model has its own tokenizer that differs from the policy's (docs/rlhf_details.md
-  item 21), responses are decoded with the policy tokenizer and re-tokenized with the reward
-  tokenizer (right-aligned to `max_length`); otherwise the policy's ids are scored directly.
+  item 21), each prompt + response is decoded with the policy tokenizer without its special
+  tokens (`clean_texts`: the policy's EOS, PAD, BOS never reach the reward model as literal
+  text) and re-tokenized with the reward tokenizer as it tokenizes any text, adding its own
+  special tokens (e.g. a Llama tokenizer's BOS; as verl does, and as the reward stage's
+  normalisation tokenizes the policy's samples, `jax_ppo.runs.reward.policy_samples`), then
+  right-aligned to `max_length`. Otherwise the policy's ids are scored directly.
   Non-finite scores (broken weights, float16 overflow) are an error naming the rows and values
   (`check_scores`), never passed on.
 
@@ -327,6 +331,18 @@ class RewardModelScorer:
 
     self._score = score
 
+  def clean_texts(self, ids_bs: np.ndarray, mask_bs: np.ndarray) -> list[str]:
+    """The text of each row's valid tokens, decoded by the policy's tokenizer without its
+    special tokens (EOS, PAD, BOS, ...): the policy's `<|endoftext|>` is not text the reward
+    model should read, and its own tokenizer adds its own special tokens when re-tokenizing.
+
+    Args:
+      ids_bs: `[B, S]` int token ids of the policy (prompt and response).
+      mask_bs: `[B, S]` bool, True at the valid tokens.
+    """
+    return [self.policy_tokenizer.decode(r[m].tolist(), skip_special_tokens=True)
+            for r, m in zip(ids_bs, mask_bs, strict=True)]
+
   def _retokenized(self, rollout: Rollout) -> tuple[np.ndarray, np.ndarray]:
     # Each row's prompt and response are decoded together: decoding them apart and joining the
     # texts drops the space between them for tokenizers that do not store it in the token
@@ -335,10 +351,9 @@ class RewardModelScorer:
     rollout = _local(rollout)  # (several processes: this process's rows)
     ids_all = np.asarray(rollout.sequence_ids)
     mask_all = np.asarray(rollout.attention_mask).astype(bool)
-    texts = [self.policy_tokenizer.decode(r[m].tolist()) for r, m in zip(ids_all, mask_all,
-                                                                          strict=True)]
+    texts = self.clean_texts(ids_all, mask_all)
     tok = self.reward_tokenizer
-    seqs = [tok(t, add_special_tokens=False)["input_ids"][-self.max_length :] for t in texts]
+    seqs = [tok(t)["input_ids"][-self.max_length :] for t in texts]
     empty = [i for i, seq in enumerate(seqs) if not seq]
     if spread:  # (several processes: all stop when one's rows cannot be read)
       host_rows.stop_together(bool(empty), "Re-tokenizing the rows for the reward model")

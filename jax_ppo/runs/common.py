@@ -40,6 +40,8 @@ from jax_ppo.models import LoRAConfig, resize_token_embeddings
 from jax_ppo.parallel import distributed
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
+from jax_ppo.runs.paths import PathField, check_run_paths
+from jax_ppo.training.export import check_export_target
 from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger(__name__)
@@ -162,7 +164,9 @@ class BaseRunConfig:
   loaded and placed. Subclasses give `run` their family's block."""
 
   run_dir: str
-  """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/."""
+  """Run folder: config.yaml, metrics.jsonl, tensorboard/, checkpoints/. It must not be, contain
+  or lie inside a path the run reads (its models, tokenizers, data): refused when the config is
+  built (`jax_ppo.runs.paths`)."""
   run: RunFolder = dataclasses.field(default_factory=RunFolder)
   """How the run folder is written and how much of the run one invocation does."""
   lora: LoRAConfig | None = None
@@ -248,7 +252,10 @@ class StageRunConfig(BaseRunConfig):
   """Held-out records (same format); None holds out the stage config's `eval_fraction`."""
   export_dir: str | None = None
   """Where the trained model is written as a Hugging Face folder when the run is complete;
-  None: `<run_dir>/hf_model`."""
+  None: `<run_dir>/hf_model`. Written atomically (a temporary folder beside it, renamed into
+  place); an earlier export there is replaced, a non-empty folder without `config.json` refused.
+  It must not be, contain or lie inside a path the run reads, nor be or contain `run_dir`
+  (`jax_ppo.runs.paths`)."""
   run: StageRunFolder = dataclasses.field(default_factory=StageRunFolder)
   """How the run folder is written: `run.steps_per_run`, `run.save_every`, `run.keep_last`,
   `run.tensorboard`, `run.progress` (`StageRunFolder`)."""
@@ -268,6 +275,26 @@ class StageRunConfig(BaseRunConfig):
       if value is not None and (not isinstance(value, str) or not value):
         raise ValueError(f"{name}.{field}={value!r} is invalid: give a non-empty string, or "
                          "null.")
+    self.check_paths()
+
+  def read_paths(self, prefix: str | None = None) -> list[PathField]:
+    """The paths the run reads, as `(field, path)` (unset fields: None): the starting model (and
+    its tokenizer) and the record files. `prefix` names the fields (default: the class name)."""
+    prefix = prefix or type(self).__name__
+    return [(f"{prefix}.{f}", getattr(self, f)) for f in ("model_path", "train_path", "eval_path")]
+
+  def check_paths(self) -> None:
+    """The run folder and the export folder overlap no path the run reads, and the export does
+    not hold the run folder (`jax_ppo.runs.paths.check_run_paths`; one ValueError naming both
+    fields)."""
+    name = type(self).__name__
+    check_run_paths(inputs=self.read_paths(), run_dirs=[(f"{name}.run_dir", self.run_dir)],
+                    exports=[(f"{name}.export_dir", str(self.export_path))])
+
+  def check_export_target(self) -> None:
+    """Before anything loads: the export folder is absent, empty, or an earlier export that the
+    run's export replaces (`jax_ppo.training.export.check_export_target`)."""
+    check_export_target(self.export_path, field=f"{type(self).__name__}.export_dir")
 
   @property
   def export_path(self) -> pathlib.Path:

@@ -50,6 +50,7 @@ from jax_ppo.config_io import (
   parse_override,
   read_config_file,
 )
+from jax_ppo.runs.paths import check_run_paths, resolved
 from jax_ppo.runs.ppo import (
   check_eval_sampling,
   check_prompts_file,
@@ -177,7 +178,8 @@ def _load(name: str, data: dict[str, Any], overrides: list[str], source: str):
                 "ppo": load_run_config}[name]
       return loader([path, *overrides])
   except ValueError as e:
-    hint = " (or set out_dir in the pipeline file)" if "run_dir" in str(e) else ""
+    missing = "run_dir" in str(e) and "Missing required field" in str(e)
+    hint = " (or set out_dir in the pipeline file)" if missing else ""
     raise ValueError(f"{source}, {name} stage: {e}{hint}") from None
 
 
@@ -250,7 +252,36 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
       data["reward_model_path"] = None  # a reward function named on the command line replaces it
     configs["ppo"] = _load("ppo", data, per_stage["ppo"], source)
   configs["eval"] = evaluation
+  try:
+    check_pipeline_paths(configs)
+  except ValueError as e:
+    raise ValueError(f"{source}: {e}") from None
   return configs
+
+
+def check_pipeline_paths(configs: Mapping[str, Any]) -> None:
+  """Across stages: no stage writes over what another reads (each stage's config checks its
+  own paths; `jax_ppo.runs.paths.check_run_paths`). The folders one stage exports for the next
+  (the SFT and reward-model exports) are outputs, not inputs; every run folder, every export and
+  the PPO export `<ppo run_dir>/hf_model` are checked against every other path the stages read,
+  and no export may be or hold a stage's run folder.
+
+  Raises:
+    ValueError: naming the stages' fields (`sft.run_dir`, `reward.model_path`, ...) and paths.
+  """
+  run_dirs, exports, inputs = [], [], []
+  for name in STAGES:
+    config = configs.get(name)
+    if config is None:
+      continue
+    run_dirs.append((f"{name}.run_dir", config.run_dir))
+    exports.append((f"{name}.export_dir", str(config.export_path)) if name != "ppo" else
+                   ("ppo.run_dir/hf_model", os.path.join(config.run_dir, "hf_model")))
+    inputs += config.read_paths(prefix=name)
+  handed = {resolved(path) for _, path in exports}
+  inputs = [(field, path) for field, path in inputs
+            if path is None or resolved(path) not in handed]
+  check_run_paths(inputs=inputs, run_dirs=run_dirs, exports=exports)
 
 
 def run_pipeline(
@@ -312,4 +343,4 @@ def _latest_step(run_dir: str) -> int | None:
   return max(steps) if steps else None
 
 
-__all__ = ["STAGES", "PipelineEval", "load_pipeline", "run_pipeline"]
+__all__ = ["STAGES", "PipelineEval", "check_pipeline_paths", "load_pipeline", "run_pipeline"]

@@ -50,7 +50,9 @@ from jax_ppo.rewards.specs import (
   reward_source_names,
 )
 from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab
+from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
+from jax_ppo.training.export import check_export_target
 
 logger = logging.getLogger("jax_ppo.run")
 
@@ -333,7 +335,8 @@ def evaluate_run(
     n: samples per prompt for best-of-n.
     step: the checkpoint; None uses the latest.
     seed: sampling seed (temperature > 0).
-    out: JSON file written; default `run_dir/eval/step_<step>.json`.
+    out: JSON file written; default `run_dir/eval/step_<step>.json`. A path that is or lies
+      inside one the run read (its models, the prompts) is refused (`jax_ppo.runs.paths`).
 
   Returns:
     `{"run_dir", "step", "prompts_path", "greedy", "temperature", "n", "reward", "metrics",
@@ -346,6 +349,9 @@ def evaluate_run(
   check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
+  if out is not None:  # (the default, run_dir/eval/step_N.json, is the run's own)
+    check_run_paths(inputs=[("--prompts", prompts_path), *config.read_paths()],
+                    run_dirs=[("--out", out)])
   trainer = _bare_trainer(config)
   prompts = load_prompts(
       prompts_path, trainer.tokenizer, field="--prompts",
@@ -402,12 +408,20 @@ def export_run(
 ) -> tuple[pathlib.Path, int]:
   """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
 
-  Several processes: every process calls it; process 0 writes (`PPOTrainer.export`).
+  The export is atomic and replaces an earlier export at `out` (`jax_ppo.training.export`);
+  `out` that is, contains or lies inside a path the run read (its policy, reward or value model,
+  prompts), or that is or contains `run_dir`, is refused before anything loads
+  (`jax_ppo.runs.paths`), as is a non-empty `out` folder that holds no model. Several processes:
+  every process calls it; process 0 writes (`PPOTrainer.export`).
 
   Returns:
     `(folder, step)`.
   """
-  trainer = _bare_trainer(saved_run_config(run_dir))
+  config = saved_run_config(run_dir)
+  check_run_paths(inputs=config.read_paths(), run_dirs=[("--run-dir", run_dir)],
+                  exports=[("--out", out)])
+  check_export_target(out, field="--out")
+  trainer = _bare_trainer(config)
   step = trainer.load_checkpoint(run_dir, step=step)
   return trainer.export(out, dtype=dtype), step
 

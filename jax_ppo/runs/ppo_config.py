@@ -34,6 +34,7 @@ from jax_ppo.rewards.specs import (
   reward_source_names,
 )
 from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
+from jax_ppo.runs.paths import PathField, check_run_paths
 
 OPERATIONAL_FIELDS = ("run_dir", "run", "monitor", "remat", "mesh", "placement", "distributed",
                       "compilation_cache_dir")
@@ -135,6 +136,16 @@ class RunConfig(BaseRunConfig):
     if self.remat not in REMAT_POLICIES:
       bad("remat", f"choose one of {list(REMAT_POLICIES)}")
     self._check_placement()
+    check_run_paths(inputs=self.read_paths(), run_dirs=[("RunConfig.run_dir", self.run_dir)])
+
+  def read_paths(self, prefix: str = "RunConfig") -> list[PathField]:
+    """The paths the run reads, as `(field, path)` (unset fields: None): the policy (also the
+    reference, and the tokenizer), the prompts, the reward models and the value model; the run
+    folder must overlap none of them (`jax_ppo.runs.paths.check_run_paths`)."""
+    paths = [(f"{prefix}.{f}", getattr(self, f))
+             for f in ("policy_path", "prompts_path", "reward_model_path", "value_model_path")]
+    return paths + [(f"{prefix}.rewards[{i}].model_path", r.model_path)
+                    for i, r in enumerate(self.rewards) if r.model_path is not None]
 
   def _check_placement(self) -> None:
     p = self.placement

@@ -67,6 +67,7 @@ from jax_ppo.runs.common import (
   read_records,
   train_stage,
 )
+from jax_ppo.runs.paths import PathField
 
 logger = logging.getLogger("jax_ppo.reward_run")
 
@@ -127,6 +128,13 @@ class RewardRunConfig(StageRunConfig):
             and self.normalise_temperature > 0):
       bad("normalise_temperature", "use a value > 0")
 
+  def read_paths(self, prefix: str | None = None) -> list[PathField]:
+    """The stage's paths (`StageRunConfig.read_paths`) and the normalisation's policy and
+    prompts."""
+    prefix = prefix or type(self).__name__
+    return [*super().read_paths(prefix),
+            *[(f"{prefix}.{f}", getattr(self, f))
+              for f in ("policy_path", "normalise_prompts_path")]]
 
 
 def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:
@@ -210,6 +218,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   """Loads the model (a new score head on a causal-LM folder, or a reward model's own head),
   tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
   check_model_folder("RewardRunConfig.model_path", config.model_path)
+  config.check_export_target()
   check_run_mesh("RewardRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.reward

@@ -82,6 +82,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   from the run folder's latest checkpoint); with `config.mesh` the model is read straight into
   its shards on that mesh."""
   check_model_folder("SFTRunConfig.model_path", config.model_path)
+  config.check_export_target()
   check_run_mesh("SFTRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.sft

@@ -120,6 +120,9 @@ def test_only_process_zero_writes_files(runs):
   outside_checkpoints = [w for w in other if "/checkpoints" not in w[1]]
   assert outside_checkpoints == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}
+  # The export is written beside its folder and renamed into place (jax_ppo.training.export).
+  assert "two_export.export-tmp" in written and "two_export" in written
+  written = {p.replace(".export-tmp/", "/") for p in written}
   # (safetensors and tokenizers write from Rust, unseen by the audit hook)
   for path in ("two/metrics.jsonl", "two/samples.jsonl", "two/config.yaml", "two/eval/step_3.json",
                "two_export/config.json", "two_export/generation_config.json",

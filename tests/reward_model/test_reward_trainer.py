@@ -374,8 +374,9 @@ def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
   with pytest.raises(ValueError, match=r"multi-process run trains on one device mesh .*mesh\.data"):
     RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
                        train_data=[{"prompt": [3], "chosen": [4], "rejected": [5]}])
-  (tmp_path / "config.json").write_text("{}")  # (never read: the mesh is checked first)
-  run = reward_run.RewardRunConfig(model_path=str(tmp_path), train_path="p.jsonl",
+  (tmp_path / "model").mkdir()  # (apart from the run folder: jax_ppo.runs.paths)
+  (tmp_path / "model" / "config.json").write_text("{}")  # (never read: the mesh is checked first)
+  run = reward_run.RewardRunConfig(model_path=str(tmp_path / "model"), train_path="p.jsonl",
                                    run_dir=str(tmp_path / "run"))
   with pytest.raises(ValueError, match=r"RewardRunConfig\.mesh=None, but this is one of several "
                                        r"processes"):

@@ -163,3 +163,49 @@ def test_reward_model_scores_are_checked():
                                        r"non-finite scores at rows \[0, 1, 2, 3\] \(values "
                                        r"nan, nan, nan, nan; 4 of 4 rows\)"):
     scorer(rollout, broken)
+
+
+def _word_tokenizer(words, specials, *, bos=None):
+  """A word-level tokenizer over `specials` + `words` (`specials`: pad, eos, unk, bos); with
+  `bos` it adds that token in front of every text, as a Llama tokenizer does."""
+  tokenizers = pytest.importorskip("tokenizers")
+  transformers = pytest.importorskip("transformers")
+  vocab = {w: i for i, w in enumerate([*specials, *words])}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=specials[2]))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.decoder = tokenizers.decoders.WordPiece(prefix="##")
+  if bos is not None:
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok, pad_token=specials[0], eos_token=specials[1], unk_token=specials[2],
+      bos_token=specials[3])
+
+
+def test_a_reward_model_with_its_own_tokenizer_scores_the_clean_text():
+  """Issue 24 item 5: the policy's special tokens (its BOS, EOS and padding) never reach a reward
+  model with another tokenizer; that tokenizer adds its own (here a BOS), so each score is the
+  reward model's score of the clean prompt + response text, tokenized as the reward model
+  tokenizes any text."""
+  words = "the movie was good fun bad dull and it".split()
+  policy_tok = _word_tokenizer(words, ["<pad>", "<|endoftext|>", "<unk>", "<|bos|>"])
+  reward_tok = _word_tokenizer(words[::-1], ["[PAD]", "</s>", "[UNK]", "<s>"], bos="<s>")
+  pad, eos, bos = (policy_tok.pad_token_id, policy_tok.eos_token_id, policy_tok.bos_token_id)
+  prompts = [[bos, *policy_tok("the movie was")["input_ids"]], policy_tok("it was")["input_ids"]]
+  responses = [[*policy_tok("good fun")["input_ids"], eos], policy_tok("dull and bad")["input_ids"]]
+  rollout = _rollout(prompts, responses)
+  assert pad == 0 and int(np.asarray(rollout.response_ids)[0, -1]) == eos  # EOS, then PAD
+  model = ScalarModel(MODEL, head_init="reward", rngs=nnx.Rngs(0))
+  scorer = RewardModelScorer(model, policy_tokenizer=policy_tok, reward_tokenizer=reward_tok,
+                             max_length=MODEL.max_position_embeddings)
+  assert scorer.retokenize
+  scores = np.asarray(scorer(rollout))
+  expected = []
+  for text in ("the movie was good fun", "it was dull and bad"):
+    ids = reward_tok(text)["input_ids"]
+    assert ids[0] == reward_tok.bos_token_id and reward_tok.unk_token_id not in ids
+    expected.append(float(model.score(jnp.asarray([ids]), jnp.ones((1, len(ids)), jnp.int32))[0]))
+  np.testing.assert_allclose(scores, expected, atol=1e-5)
+  # Before the fix the policy's "<|endoftext|>" reached the reward model as text: unknown tokens.
+  literal = reward_tok("the movie was good fun<|endoftext|>", add_special_tokens=False)
+  assert reward_tok.unk_token_id in literal["input_ids"]

@@ -418,8 +418,9 @@ def test_a_multi_process_job_without_a_mesh_is_one_clear_error(tmp_path, monkeyp
   with pytest.raises(ValueError, match=r"a multi-process run trains on one device mesh .*"
                                        r"SFTRunConfig\.mesh"):
     _trainer()
-  (tmp_path / "config.json").write_text("{}")
-  config = sft_run.SFTRunConfig(model_path=str(tmp_path), train_path="t.jsonl",
+  (tmp_path / "model").mkdir()  # (apart from the run folder: jax_ppo.runs.paths)
+  (tmp_path / "model" / "config.json").write_text("{}")
+  config = sft_run.SFTRunConfig(model_path=str(tmp_path / "model"), train_path="t.jsonl",
                                 run_dir=str(tmp_path / "run"))
   with pytest.raises(ValueError, match=r"SFTRunConfig\.mesh=None, but this is one of several "
                                        r"processes.*mesh\.data=-1"):

@@ -83,6 +83,9 @@ def test_only_process_zero_writes_files(runs):
   main, other = (read_process_result(root, "two", pid)["writes"] for pid in (0, 1))
   assert [w for w in other if "/checkpoints" not in w[1]] == []
   written = {w[1].removeprefix(str(root) + "/") for w in main if w[0] in ("open", "os.rename")}
+  # The export is written beside its folder and renamed into place (jax_ppo.training.export).
+  assert "two/hf_model.export-tmp" in written and "two/hf_model" in written
+  written = {p.replace(".export-tmp/", "/") for p in written}
   # (safetensors and tokenizers write from Rust, unseen by the audit hook)
   for path in ("two/metrics.jsonl", "two/config.yaml", "two/hf_model/config.json",
                "two/hf_model/tokenizer_config.json"):

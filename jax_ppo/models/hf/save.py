@@ -75,6 +75,7 @@ def save_pretrained(
     *,
     max_shard_size: int | str | None = "5GB",
     dtype=None,
+    pad_token_id: int | None = None,
 ) -> None:
   """Writes a Hugging Face checkpoint folder for `model` (LoRA adapters merged).
 
@@ -89,6 +90,8 @@ def save_pretrained(
     max_shard_size: bytes (or a string like "2GB") per safetensors file; the model is sharded
       with a `model.safetensors.index.json` when it is larger. None writes one file.
     dtype: dtype of the written tensors; None keeps the parameter dtype.
+    pad_token_id: the pad id written into `config.json` and `generation_config.json` (the
+      tokenizer's, so that transformers' `generate` pads with it); None: the model config's.
 
   Several processes: every one must call it; each tensor is gathered in turn (`host_array`),
   only process 0 keeps a file's tensors and writes, and all return once the folder is complete.
@@ -144,6 +147,8 @@ def save_pretrained(
   import transformers
 
   hf = config_lib.config_to_hf(config, sequence_classification=is_scalar)
+  if pad_token_id is not None:
+    hf.pad_token_id = int(pad_token_id)
   if is_scalar:
     hf.num_labels = 1
     setattr(hf, SCORE_BIAS_KEY, bias)
