@@ -33,9 +33,12 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jax.sharding import Mesh
+
 from jax_ppo.diagnostics.topology import PlanError
 from jax_ppo.models import ModelConfig
 from jax_ppo.parallel.chips import Chip, chip_for, roofline_seconds
+from jax_ppo.parallel.mesh import AXES
 
 # ---- costs ---------------------------------------------------------------------------------
 
@@ -251,7 +254,7 @@ def plan_chip(devices: list, topology: str) -> Chip:
 
 def compile_plan(programs: Mapping[str, Program],
                  costs: Mapping[str, Cost] | Callable[[], Mapping[str, Cost]], *, topology: str,
-                 devices: list, mesh_sizes: dict[str, int], dtype: str,
+                 devices: list, mesh: Mesh, dtype: str,
                  resident_bytes: dict[str, int]) -> Plan:
   """Compiles `programs` (as the run compiles them) for `topology` and reports each per chip,
   with its loop-corrected `costs` and their roofline time on the slice's chip. `costs` may be a
@@ -265,7 +268,8 @@ def compile_plan(programs: Mapping[str, Program],
          for name, program in programs.items()}
   return Plan(topology=topology, chip=chip.name, chips=len(devices),
               hosts=len({d.process_index for d in devices}), hbm_per_chip_bytes=chip.hbm_bytes,
-              mesh=mesh_sizes, dtype=dtype, resident_bytes_per_chip=resident_bytes,
+              mesh={a: int(mesh.shape[a]) for a in AXES}, dtype=dtype,
+              resident_bytes_per_chip=resident_bytes,
               programs=out)
 
 

@@ -72,7 +72,7 @@ from jax_ppo.models import (
 from jax_ppo.models import init_cache as new_cache
 from jax_ppo.parallel import rules
 from jax_ppo.parallel.jit import MeshJit
-from jax_ppo.parallel.mesh import AXES, MeshConfig
+from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.loss import coefficients
 from jax_ppo.ppo.programs import PROGRAM_ROLES
@@ -505,9 +505,7 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
                   peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
 
   try:
-    plan = compile_plan(run.programs(), costs, topology=topology, devices=devices,
-                        mesh_sizes=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES),
-                                            strict=True)),
+    plan = compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
                         dtype=shape.dtype, resident_bytes=run.resident_bytes)
   except DoesNotFit as e:
     if not advice:

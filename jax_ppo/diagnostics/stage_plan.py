@@ -54,7 +54,7 @@ from jax_ppo.models import (
   add_lora,
 )
 from jax_ppo.parallel.jit import MeshJit
-from jax_ppo.parallel.mesh import AXES, MeshConfig
+from jax_ppo.parallel.mesh import MeshConfig
 from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import PreferencePairs
 from jax_ppo.reward_model.steps import RewardModelSteps
@@ -266,10 +266,10 @@ def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None)
   devices = tpu_devices(topology) if devices is None else devices
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   run = StagePrograms(shape, mesh)
-  costs = loop_corrected(layer_costs(shape, mesh, topology=topology),
-                         accumulation_steps=shape.config.gradient_accumulation_steps)
-  return compile_plan(run.programs(), costs, topology=topology, devices=devices,
-                      mesh_sizes=dict(zip(AXES, (int(mesh.shape[a]) for a in AXES), strict=True)),
+  costs = lambda: loop_corrected(  # noqa: E731  (after every program fits)
+      layer_costs(shape, mesh, topology=topology),
+      accumulation_steps=shape.config.gradient_accumulation_steps)
+  return compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
                       dtype=shape.dtype, resident_bytes=run.resident_bytes)
 
 
