@@ -79,3 +79,17 @@ def test_reference_path_errors_name_the_field(assets, tmp_path):
                                        "parameter .*give a checkpoint of the policy's "
                                        "architecture"):
     build_trainer(_config(assets, tmp_path, reference_path=assets["qwen3"]), open_run=False)
+
+
+@pytest.mark.slow
+def test_reference_path_on_a_mesh_is_placed_like_the_default_reference(tmp_path):
+  """On 4 fake devices: the loaded reference has the default reference's shardings, on the
+  shared mesh and on a sub-mesh of its own, and its log-probs are its checkpoint's."""
+  from tests.parallel.multidevice import run_on_devices
+
+  out = run_on_devices("reference_path_mesh.py", str(tmp_path), devices=4)
+  assert out["shared"]["ref_devices"] == [0, 1, 2, 3]
+  assert out["split"]["ref_devices"] == [2, 3]
+  for mode in ("shared", "split"):
+    assert out[mode]["same_sharding"], mode
+    assert out[mode]["tokens"] > 0 and out[mode]["max_ref_diff"] < 1e-4, out[mode]
