@@ -172,6 +172,8 @@ def _write(path: pathlib.Path, text: str) -> str:
     ("sft", ["train_path=BAD_SUFFIX"], "unsupported suffix '.csv'"),
     ("sft", ["train_path=NO_RESPONSE"], 'line 2: the record has no "messages" or "response"'),
     ("sft", ["train_path=BAD_JSON"], "line 3, column"),
+    ("sft", ["train_path=BOTH"], "both.jsonl', line 2: the record has both 'response' and "
+                                 "'completion'"),
     ("sft", ["model_path=NOT_A_MODEL"], "SFTRunConfig.model_path="),
     ("reward", ["normalise_samples=0"], "RewardRunConfig.normalise_samples=0 is invalid"),
     ("reward", ["reward.chosen_feild=x"], "Did you mean 'chosen_field'"),
@@ -193,6 +195,9 @@ def test_bad_inputs_get_one_line_naming_the_field(stage, extra, message, assets,
                                                   '{"prompt": "a", "answer": "b"}\n'),
       "BAD_JSON": _write(tmp_path / "b.jsonl", '{"prompt": "a", "response": "b"}\n\n{"prompt": \n'),
       "NOT_A_MODEL": str(tmp_path),
+      "BOTH": _write(tmp_path / "both.jsonl", '{"prompt": "a", "completion": "b"}\n'
+                                              '{"prompt": "a", "response": "b", '
+                                              '"completion": "c"}\n'),
       "NO_REJECTED": _write(tmp_path / "c.jsonl", '{"prompt": "a", "chosen": "b"}\n'),
       "CHAT_AND_TEXT": _write(tmp_path / "chat.jsonl", "\n".join(json.dumps(r) for r in (
           {"prompt": "the movie", "response": "good", "chosen": "good", "rejected": "bad"},
@@ -226,6 +231,22 @@ def test_field_names_and_json_files_are_configurable(assets, tmp_path):
     assert trainer.train_rows.num_rows == 4
   finally:
     trainer.close()
+  # TRL's prompt-completion records train as the same records with "response" do.
+  rows = []
+  for key in ("completion", "response"):
+    data = _write(tmp_path / f"{key}.jsonl", "".join(
+        json.dumps({"prompt": p, key: r}) + "\n"
+        for p, r in (("the movie was", " good"), ("the plot", " was dull"))))
+    trainer = build_sft_trainer(load_sft_config([
+        f"model_path={assets['model']}", f"train_path={data}",
+        f"run_dir={tmp_path / key}", *SFT]))
+    try:
+      rows.append(trainer.train_rows)
+    finally:
+      trainer.close()
+  assert rows[0].num_rows == 2 and rows[0].loss_mask.any()
+  for a, b in zip(rows[0], rows[1], strict=True):
+    np.testing.assert_array_equal(a, b)
   trainer = build_reward_trainer(load_reward_config([
       f"model_path={assets['model']}", f"train_path={prefs}", f"run_dir={tmp_path / 'r'}",
       "reward.prompt_field=q", "reward.chosen_field=better", "reward.rejected_field=worse",

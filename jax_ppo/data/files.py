@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.data.prompts import PromptDataset
-from jax_ppo.data.sft import SFTExample, encode_record
+from jax_ppo.data.sft import SFTExample, encode_record, response_field_of, response_fields
 
 RECORD_SUFFIXES = (".jsonl", ".parquet")
 """File suffixes of record files (besides `datasets` folders)."""
@@ -424,7 +424,8 @@ def read_prompts(
 
 
 def _sft_want(prompt_field: str, response_field: str, messages_field: str) -> str:
-  return (f"an object with \"{prompt_field}\" and \"{response_field}\" strings (or chats) or a "
+  response = " or ".join(f"\"{f}\"" for f in response_fields(response_field))
+  return (f"an object with \"{prompt_field}\" and {response} strings (or chats) or a "
           f"\"{messages_field}\" list")
 
 
@@ -433,6 +434,7 @@ def _sft_record(record: Record, prompt_field: str, response_field: str,
   if _value(record, messages_field) is not None and _value(record, prompt_field) is None:
     return {"messages": _messages(record, messages_field, last_role="assistant")}
   want = _sft_want(prompt_field, response_field, messages_field)
+  response_field = response_field_of(record.data, response_field, record.where)
   for field, option in ((prompt_field, "prompt_field"), (response_field, "response_field")):
     if _value(record, field) is None:
       raise _missing(record, want, field, option, (prompt_field, response_field, messages_field))
@@ -457,7 +459,9 @@ def read_sft_records(
     messages_field: str = "messages",
 ) -> list[dict[str, Any]]:
   """SFT records `{"prompt": str, "response": str}` or `{"messages": [...]}` (the last turn the
-  assistant's), as `SFTTrainer(train_data=...)` takes them with its default field names.
+  assistant's), as `SFTTrainer(train_data=...)` takes them with its default field names. With
+  the default `response_field`, a file's response may be "completion" (TRL's prompt-completion
+  datasets; `jax_ppo.data.sft.response_field_of`), read as "response".
 
   Raises:
     ValueError: naming the file, line or row, field and fix, or a file without records.

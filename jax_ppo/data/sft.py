@@ -12,7 +12,9 @@ tokenizer:
   loss by `SFTExample.response_mask`), or only the last (`"last"`; see `chat_segments`). A
   record whose prompt and response are both chats (TRL's conversational prompt-completion) is
   the conversation of the two, with only the response's turns trained;
-* a plain record has a prompt string and a response string; the prompt is tokenised with the
+* a plain record has a prompt string and a response string (the response field is `response`,
+  or `completion` as in TRL's prompt-completion datasets: see `response_field_of`); the prompt
+  is tokenised with the
   tokenizer's special tokens (BOS), the response without. The two are tokenised separately (as
   at generation time, where the response continues the tokenised prompt), so a response should
   carry the leading space that BPE vocabularies expect after a word (`" Great product."`).
@@ -104,6 +106,41 @@ def _with_eos(response: list[int], eos_token_id: int | None, add_eos: bool) -> l
   if add_eos and eos_token_id is not None and eos_token_id not in response:
     response = [*response, int(eos_token_id)]
   return response
+
+
+RESPONSE_FIELD = "response"
+"""The default name of a record's response field."""
+COMPLETION_FIELD = "completion"
+"""TRL's name of the response in its prompt-completion datasets (`{"prompt", "completion"}`,
+strings or chats), read wherever the response field is the default `RESPONSE_FIELD`."""
+
+
+def response_fields(response_field: str = RESPONSE_FIELD) -> tuple[str, ...]:
+  """The record fields that may hold the response: `("response", "completion")` for the default
+  field name, else `(response_field,)` alone."""
+  if response_field == RESPONSE_FIELD:
+    return (RESPONSE_FIELD, COMPLETION_FIELD)
+  return (response_field,)
+
+
+def response_field_of(record: Mapping[str, Any], response_field: str = RESPONSE_FIELD,
+                      where: str = "record") -> str:
+  """The field of `record` that holds its response: `response_field`, or, where that is the
+  default "response" and the record has no "response", TRL's "completion" (a None value counts
+  as absent, as a null Parquet column).
+
+  Raises:
+    ValueError: naming `where`, for a record with both "response" and "completion" (which one
+      is the response is ambiguous).
+  """
+  fields = response_fields(response_field)
+  present = [f for f in fields if record.get(f) is not None]
+  if len(present) > 1:
+    raise ValueError(
+        f"{where}: the record has both {RESPONSE_FIELD!r} and {COMPLETION_FIELD!r}; give the "
+        f"response in one of them ({COMPLETION_FIELD!r} as in TRL's prompt-completion datasets, "
+        f"or {RESPONSE_FIELD!r}), or name another field with response_field=...")
+  return present[0] if present else response_field
 
 
 ASSISTANT_TURNS = ("all", "last")
@@ -229,7 +266,9 @@ def encode_record(
   Args:
     record: a mapping with `messages_field`, or with `prompt_field` and `response_field`, both
       strings or both chats (a conversational prompt and completion, as TRL's: the completion
-      ends with the assistant's turn, and only its turns are trained).
+      ends with the assistant's turn, and only its turns are trained). With the default
+      `response_field="response"`, a record may give its response as "completion" instead
+      (TRL's prompt-completion datasets), never as both (`response_field_of`).
     tokenizer: a transformers tokenizer (with a chat template for `messages` records).
     prompt_field, response_field, messages_field: the record's field names.
     add_eos: append `tokenizer.eos_token_id` to the response (the last assistant turn of a chat)
@@ -240,6 +279,8 @@ def encode_record(
   """
   if not isinstance(record, Mapping):
     raise ValueError(f"{where}: expected a mapping (a JSON object), got {type(record).__name__}.")
+  accepted = " or ".join(repr(f) for f in response_fields(response_field))
+  response_field = response_field_of(record, response_field, where)
   prompt, response = record.get(prompt_field), record.get(response_field)
   if messages_field in record or isinstance(prompt, list) or isinstance(response, list):
     if messages_field in record:
@@ -266,7 +307,7 @@ def encode_record(
   if missing:
     raise ValueError(
         f"{where}: no field {missing[0]!r} (fields: {sorted(record)}); give "
-        f"{prompt_field!r} and {response_field!r} strings or a {messages_field!r} list, or "
+        f"{prompt_field!r} and {accepted} strings or a {messages_field!r} list, or "
         "set the field names in the config."
     )
   for field in (prompt_field, response_field):
@@ -396,6 +437,8 @@ def pack_examples(
 
 __all__ = [
     "ASSISTANT_TURNS",
+    "COMPLETION_FIELD",
+    "RESPONSE_FIELD",
     "SFTExample",
     "SFTRows",
     "chat_prompt_response",
@@ -405,4 +448,6 @@ __all__ = [
     "example_from_ids",
     "pack_examples",
     "pad_examples",
+    "response_field_of",
+    "response_fields",
 ]

@@ -51,8 +51,29 @@ class PPOOptimizer(OptimizerConfig):
   """"constant", "linear" (decay to 0) or "cosine" (to 0), after the warm-up."""
   adam_eps: float = 1e-5
   """AdamW's epsilon (PyTorch-style PPO; item 17)."""
+  critic_learning_rate: float | None = None
+  """Peak learning rate of the critic (a separate value model's parameters, or the value head on
+  the policy trunk), on the same warm-up and decay as `learning_rate`; None: `learning_rate`;
+  0 freezes the critic. Logged as `lr/critic` when the run has a critic."""
 
   LR_HINT = "1e-6 to 3e-6 for full PPO fine-tuning"
+
+  def __post_init__(self):
+    super().__post_init__()
+    value = self.critic_learning_rate
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value < 0):
+      raise ValueError(
+          f"{type(self).__name__}.critic_learning_rate={value!r} is invalid: use a number >= 0 "
+          "(e.g. 1e-5; 0 freezes the critic), or None for the policy's learning_rate.")
+
+  @property
+  def critic_lr_ratio(self) -> float | None:
+    """`critic_learning_rate / learning_rate`: the factor of the critic's updates over the
+    policy's (the schedule is shared), or None when the critic uses `learning_rate`."""
+    if self.critic_learning_rate is None:
+      return None
+    return self.critic_learning_rate / self.learning_rate
 
 
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_k", "top_p", "stop_token_ids",
@@ -334,6 +355,11 @@ class PPOConfig:
       bad("target_kl", "use a value > 0 or None")
     if not isinstance(self.optimizer, OptimizerConfig):
       bad("optimizer", "pass a PPOOptimizer (jax_ppo.ppo.config)")
+    if self.optimizer.critic_learning_rate is not None and not self.uses_critic:
+      raise ValueError(
+          f"PPOConfig.optimizer.critic_learning_rate={self.optimizer.critic_learning_rate!r} "
+          f"is set but advantage_mode={self.advantage_mode!r} trains no critic; leave it None "
+          "(or use advantage_mode='gae').")
     if self.optimizer.warmup_steps > self.total_optimizer_steps:
       bad("optimizer", f"its warmup_steps ({self.optimizer.warmup_steps}) exceeds the run's "
                        f"{self.total_optimizer_steps} optimizer steps")

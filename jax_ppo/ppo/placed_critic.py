@@ -192,7 +192,10 @@ class CriticPrograms:
     def step(operands):
       value, opt_state, grads = operands
       updates, opt_state = self.steps.optimizer.update(grads, opt_state, value)
-      updates = jax.tree.map(lambda u: u * lr_scale.astype(u.dtype), updates)
+      # (A bare critic tree: its own learning rate is a factor on every update.)
+      ratio = c.optimizer.critic_lr_ratio
+      scale = lr_scale if ratio is None else lr_scale * ratio
+      updates = jax.tree.map(lambda u: u * scale.astype(u.dtype), updates)
       return optax.apply_updates(value, updates), opt_state
 
     value, opt_state = jax.lax.cond(finite & stepped, step, lambda ops: ops[:2],

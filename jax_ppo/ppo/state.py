@@ -74,8 +74,10 @@ class FrozenParams(struct.PyTreeNode):
   Attributes:
     policy_rest: the policy's variables that are not trained (the base weights of a LoRA
       policy; empty for a full fine-tune).
-    ref: parameters of the reference policy for a full fine-tune, or None for a LoRA policy
-      (whose reference is its own base weights with the adapters switched off: no second copy).
+    ref: parameters of the reference policy for a full fine-tune (the policy's starting
+      weights, or a checkpoint of its own: `PPOTrainer(reference=...)`, `RunConfig.
+      reference_path`), or None for a LoRA policy (whose reference is its own base weights with
+      the adapters switched off: no second copy).
     value_rest: the critic's non-trained variables (empty or None).
     reward: reward-model state, or None when rewards come from a function.
   """
@@ -84,6 +86,27 @@ class FrozenParams(struct.PyTreeNode):
   ref: nnx.State | None
   value_rest: nnx.State | None
   reward: nnx.State | None
+
+
+def check_reference(policy: nnx.State, ref: nnx.State, *, field: str = "reference") -> None:
+  """Raises ValueError (naming `field`) unless the reference policy's parameters `ref` have the
+  policy's tree, shapes and dtypes (the reference runs through the policy's graph definition, so
+  it must be the same architecture)."""
+  ours = dict(jax.tree_util.tree_flatten_with_path(policy)[0])
+  theirs = dict(jax.tree_util.tree_flatten_with_path(ref)[0])
+  for path in sorted(set(ours) | set(theirs), key=jax.tree_util.keystr):
+    name = jax.tree_util.keystr(path)
+    if path not in theirs or path not in ours:
+      side = "lacks" if path not in theirs else "has an extra"
+      raise ValueError(
+          f"{field}: the reference policy {side} parameter {name} (the policy's parameters "
+          "differ); give a checkpoint of the policy's architecture and vocabulary.")
+    a, b = ours[path], theirs[path]
+    if a.shape != b.shape or a.dtype != b.dtype:
+      raise ValueError(
+          f"{field}: the reference policy's parameter {name} is {b.dtype}{list(b.shape)}, the "
+          f"policy's {a.dtype}{list(a.shape)}; give a checkpoint of the policy's architecture "
+          "and vocabulary.")
 
 
 def init_train_state(

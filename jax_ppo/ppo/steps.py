@@ -57,7 +57,7 @@ from jax_ppo.ppo.forward import PolicyForward
 from jax_ppo.ppo.loss import micro_loss, trains_entropy
 from jax_ppo.ppo.programs import ppo_step_jits
 from jax_ppo.ppo.state import FrozenParams, TrainState, kl_controller
-from jax_ppo.ppo.update import Updater
+from jax_ppo.ppo.update import Updater, with_critic_learning_rate
 from jax_ppo.rollout.sampler import Rollout
 
 Array = jax.Array
@@ -74,7 +74,8 @@ class PPOSteps:
     shared_value_head: the critic is a value head on the policy trunk.
     lora: the policy trains LoRA adapters; the reference is the base with adapters off.
     schedule: the learning-rate schedule (for the `lr` metric).
-    optimizer: the optax transformation over `{"policy", "value"}`.
+    optimizer: the optax transformation over `{"policy", "value"}` (`self.optimizer` is it with
+      the critic's updates scaled by `PPOOptimizer.critic_lr_ratio`, when set).
     mesh: a device mesh: the steps are compiled with explicit shardings
       (`jax_ppo.ppo.programs.ppo_step_jits`); None: plain `jax.jit`.
     critic_apart: the separate critic (`value_graphdef`) lives on a mesh of its own: the
@@ -116,12 +117,14 @@ class PPOSteps:
     self.value_graphdef = value_graphdef
     self.shared_value_head = shared_value_head
     self.lora = lora
-    self.optimizer = optimizer
+    # The critic's own learning rate (`PPOOptimizer.critic_learning_rate`) scales its updates;
+    # the state is the plain optimizer's.
+    self.optimizer = with_critic_learning_rate(optimizer, config.optimizer.critic_lr_ratio)
     self.schedule = schedule
     self.kl_controller = kl_controller(config)
     self.mesh = mesh
     self.critic_apart = critic_apart
-    self.updater = Updater(config=config, optimizer=optimizer, schedule=schedule,
+    self.updater = Updater(config=config, optimizer=self.optimizer, schedule=schedule,
                            kl_controller=self.kl_controller, loss=self.micro_loss, mesh=mesh)
     self.experience, self.update, self.replay_update, self.experience_update = ppo_step_jits(
         self.compute_experience, functools.partial(self.run_update, fresh=True),

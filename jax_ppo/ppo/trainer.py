@@ -84,7 +84,7 @@ from jax_ppo.ppo.placed_steps import (
   resolve_placement,
   score,
 )
-from jax_ppo.ppo.state import FrozenParams, TrainState, init_train_state
+from jax_ppo.ppo.state import FrozenParams, TrainState, check_reference, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rewards.scorers import CombinedScorer, as_scorer, decode_rollout
 from jax_ppo.rollout.config import SamplingConfig
@@ -131,6 +131,11 @@ class PPOTrainer(RunStage):
     tokenizer: the policy's tokenizer (for text rewards and sample logging).
     value_model: a separate critic (`ScalarModel`, e.g. `value_model_from_reward_model(rm)`);
       without one, "gae" puts a zero-initialised value head on the policy trunk.
+    reference: the reference policy (a `CausalLM` of the policy's architecture and vocabulary,
+      e.g. loaded from `RunConfig.reference_path`); its parameters are the frozen reference of
+      the KL. None: the policy's starting weights. Not with LoRA (the reference is then the base
+      weights).
+    reference_field: how errors name `reference` (e.g. "RunConfig.reference_path").
     memory_budget_bytes: rollout micro-batching budget (see `Sampler`).
     peak_flops: the whole job's matmul peak (FLOP/s) for the `mfu` metric; None: the
       datasheet per-chip peak for the policy's compute dtype times the job's chips, or a
@@ -167,6 +172,8 @@ class PPOTrainer(RunStage):
       prompts: PromptDataset,
       tokenizer=None,
       value_model: ScalarModel | None = None,
+      reference: nnx.Module | None = None,
+      reference_field: str = "PPOTrainer(reference=...)",
       memory_budget_bytes: int | None = None,
       peak_flops: float | None = None,
       run_dir: str | os.PathLike | None = None,
@@ -199,7 +206,17 @@ class PPOTrainer(RunStage):
     if c.uses_critic and value_model is not None:
       with layer_loop(value_model, c.train_scan_layers):
         value_graphdef, value_params, value_rest = nnx.split(value_model, nnx.Param, ...)
-    ref = None if self.lora else jax.tree.map(jnp.copy, policy_params)
+    if reference is not None:
+      if self.lora:
+        raise ValueError(f"{reference_field}: a LoRA policy's reference is its own base weights "
+                         "(adapters off); give no separate reference, or train without LoRA.")
+      if policy.value_head is not None and getattr(reference, "value_head", None) is None:
+        reference.add_value_head()  # (the policy's graph has one; the reference never reads it)
+      with layer_loop(reference, c.train_scan_layers):
+        ref = nnx.split(reference, nnx.Param, ...)[1]
+      check_reference(policy_params, ref, field=reference_field)
+    else:
+      ref = None if self.lora else jax.tree.map(jnp.copy, policy_params)
     self.frozen = FrozenParams(
         policy_rest=policy_rest,
         ref=ref,

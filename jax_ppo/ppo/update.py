@@ -36,7 +36,14 @@ from jax_ppo.parallel.rules import constrain_rows
 from jax_ppo.ppo.batch import Batch
 from jax_ppo.ppo.loss import coefficients, loss_shares, micro_loss
 from jax_ppo.ppo.state import TrainState
-from jax_ppo.training.state import LR_METRIC, accumulate_gradients, guarded_update, microbatches
+from jax_ppo.training.optim import scale_updates
+from jax_ppo.training.state import (
+  CRITIC_LR_METRIC,
+  LR_METRIC,
+  accumulate_gradients,
+  guarded_update,
+  microbatches,
+)
 
 Array = jax.Array
 
@@ -50,6 +57,30 @@ def update_plan(order: Array, ran: Array, metrics: dict[str, Array]) -> dict[str
   which had their optimizer step applied (`stepped [E, M]` bool): what a critic on a mesh of its
   own replays (`jax_ppo.ppo.placed_critic`)."""
   return {"order": order, "ran": ran, "stepped": ran & (metrics["skipped"] == 0)}
+
+
+def _key_name(key: Any) -> Any:
+  return getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))
+
+
+def is_critic_leaf(path: tuple) -> bool:
+  """Whether the leaf at `path` of `{"policy": ..., "value": ...}` (`TrainState.params`) is the
+  critic's: under `"value"` (a separate critic) or under a `value_head` (the value head on the
+  policy trunk)."""
+  names = [_key_name(k) for k in path]
+  return (bool(names) and names[0] == "value") or "value_head" in names
+
+
+def with_critic_learning_rate(optimizer: optax.GradientTransformation,
+                              ratio: float | None) -> optax.GradientTransformation:
+  """`optimizer` over `{"policy", "value"}` with the critic's updates (`is_critic_leaf`) scaled
+  by `ratio` (`PPOOptimizer.critic_lr_ratio`: the critic's peak learning rate over the
+  policy's, on the same schedule); `optimizer` itself when `ratio` is None. Adam's update is
+  linear in the learning rate (weight decay included), so this is AdamW at the critic's rate;
+  the state is `optimizer`'s."""
+  if ratio is None:
+    return optimizer
+  return scale_updates(optimizer, lambda path: ratio if is_critic_leaf(path) else 1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +201,9 @@ class Updater:
     out["skipped_updates"] = jnp.sum(skipped)
     out["val/ratio_first_minibatch"] = metrics["val/ratio"][0, 0]
     out[LR_METRIC] = self.schedule(jnp.maximum(state.opt_steps - 1, 0)) * state.lr_scale
+    if c.uses_critic:
+      ratio = c.optimizer.critic_lr_ratio
+      out[CRITIC_LR_METRIC] = out[LR_METRIC] * (1.0 if ratio is None else ratio)
     out["policy/epochs_run"] = n_ran.astype(jnp.float32) / c.num_minibatches
     out["policy/early_stopped"] = stopped.astype(jnp.float32)
     out["entropy_coef"] = coefs["entropy"]
@@ -225,4 +259,4 @@ class Updater:
     return (state, out, update_plan(order, ran, metrics)) if plan else (state, out)
 
 
-__all__ = ["MicroLoss", "Updater", "update_plan"]
+__all__ = ["MicroLoss", "Updater", "is_critic_leaf", "update_plan", "with_critic_learning_rate"]

@@ -159,7 +159,7 @@ def build_trainer(
       (for evaluation or export, which restore with `load_checkpoint`).
     prompts: use these prompts instead of reading `config.prompts_path`.
   """
-  for field in ("policy_path", "reward_model_path", "value_model_path"):
+  for field in ("policy_path", "reward_model_path", "value_model_path", "reference_path"):
     _check_folder(field, getattr(config, field))
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
@@ -187,6 +187,11 @@ def build_trainer(
   check_vocab_covers(tokenizer, policy.config)
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
+  reference = None
+  if config.reference_path is not None:  # loaded like the policy (the trainer places it)
+    reference = from_pretrained(config.reference_path, dtype=dtype, param_dtype=jnp.float32,
+                                mesh=None if placement is None else placement.reference)
+    grow_vocab(reference, len(tokenizer), resize=config.resize_embeddings, what="reference")
   stop_ids = config.ppo.sampling.stop_token_ids or tuple(dict.fromkeys(
       i for i in (tokenizer.eos_token_id, *policy.config.eos_token_ids)
       if i is not None and i != tokenizer.pad_token_id
@@ -246,6 +251,7 @@ def build_trainer(
                            lazy=multi_process())  # (several processes: each its own rows)
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
+      reference=reference, reference_field="RunConfig.reference_path",
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
       monitor=config.monitor,
       run_config=config, mesh=mesh, placement=placement,

@@ -72,6 +72,10 @@ class RunConfig(BaseRunConfig):
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
   reward model, or a zero-initialised value head on the policy with a reward function."""
+  reference_path: str | None = None
+  """Hugging Face causal-LM folder of the reference policy of the KL penalty (loaded like the
+  policy; its parameters must have the policy's shapes); default: the policy's starting weights
+  (`policy_path`). Not with `lora` (the reference is then the policy's base weights)."""
   preset: str | None = None
   """Scenario preset (`jax_ppo.ppo.presets.PRESETS`) applied to `ppo` before the file's and
   the command line's values."""
@@ -131,6 +135,13 @@ class RunConfig(BaseRunConfig):
     reward_source_names(self.rewards)
     if self.reward_function is not None:
       parse_reward_function(self.reward_function)
+    if self.reference_path is not None:
+      if not isinstance(self.reference_path, str) or not self.reference_path:
+        bad("reference_path", "give a Hugging Face model folder, or null for the policy's "
+                              "starting weights")
+      if self.lora is not None:
+        bad("reference_path", "with lora the reference is the policy's base weights (the "
+                              "adapters off, one copy); remove reference_path or lora")
     if self.preset is not None and self.preset not in PRESETS:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.remat not in REMAT_POLICIES:

@@ -11,7 +11,7 @@ whose computing fields changed is refused); a complete run only exports again.
 Example config (YAML)::
 
   model_path: models/Qwen3-0.6B
-  train_path: data/sft.jsonl        # {"prompt": ..., "response": ...} or {"messages": [...]}
+  train_path: data/sft.jsonl        # {"prompt", "response" (or "completion")} or {"messages"}
   run_dir: runs/sft
   sft: {max_length: 512, batch_size: 16, num_epochs: 1, eval_fraction: 0.05,
         optimizer: {learning_rate: 2.0e-5}}
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.data.sft import response_fields
 from jax_ppo.models import (
   add_lora,
   check_vocab_covers,
@@ -86,7 +87,8 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   check_run_mesh("SFTRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.sft
-  need = ((c.messages_field, c.prompt_field), (c.messages_field, c.response_field))
+  need = ((c.messages_field, c.prompt_field),
+          (c.messages_field, *response_fields(c.response_field)))  # ("completion": TRL's)
   for field in ("train_path", "eval_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"SFTRunConfig.{field}")

@@ -50,7 +50,9 @@ class SFTConfig:
   prompt_field: str = "prompt"
   """Record field of the prompt string."""
   response_field: str = "response"
-  """Record field of the response string."""
+  """Record field of the response (a string, or a chat after a chat prompt); the default also
+  reads TRL's "completion" (prompt-completion datasets), and a record with both "response" and
+  "completion" is an error naming its line."""
   messages_field: str = "messages"
   """Record field of a chat (list of `{role, content}` turns, rendered by the chat template)."""
   assistant_turns: str = "all"

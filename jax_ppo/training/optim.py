@@ -7,7 +7,8 @@ stages differ only in their defaults, which live in small subclasses next to eac
 
 `make_optimizer(config, total_steps)` builds AdamW (decoupled weight decay) behind one
 global-norm clip, with a linear warm-up and a constant, linear or cosine decay to 0 over the
-remaining steps (docs/rlhf_details.md item 17).
+remaining steps (docs/rlhf_details.md item 17). `scale_updates` gives part of the parameters a
+learning rate of its own (PPO's `critic_learning_rate`) without changing the optimizer's state.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -118,6 +121,27 @@ def make_optimizer(config: OptimizerConfig, total_steps: int
   return optax.chain(*parts), schedule
 
 
+def scale_updates(optimizer: optax.GradientTransformation,
+                  scale_of: Callable[[tuple], float]) -> optax.GradientTransformation:
+  """`optimizer` with each leaf's update multiplied by `scale_of(path)` (its key path in the
+  parameters' tree, as `jax.tree_util.tree_map_with_path` gives it): e.g. a learning rate of its
+  own for part of the model, with the same schedule shape. The state and `init` are
+  `optimizer`'s, so a state saved with one restores into the other; leaves scaled by 1 are left
+  as they are.
+  """
+
+  def update(updates, state, params=None):
+    updates, state = optimizer.update(updates, state, params)
+
+    def scale(path, u):
+      factor = scale_of(path)
+      return u if factor == 1 else u * jnp.asarray(factor, u.dtype)
+
+    return jax.tree_util.tree_map_with_path(scale, updates), state
+
+  return optax.GradientTransformation(optimizer.init, update)
+
+
 def check_stage_fields(config: Any, bad: Callable[[str, str], None], *, data: str) -> None:
   """Validates the fields `SFTConfig` and `RewardModelConfig` share: run length, token ids, the
   non-finite stop, the layer loop and the warm-up against the run's length (the optimizer block
@@ -147,4 +171,5 @@ def check_stage_fields(config: Any, bad: Callable[[str, str], None], *, data: st
                      f"total_steps ({config.total_steps})")
 
 
-__all__ = ["LR_SCHEDULES", "OptimizerConfig", "check_stage_fields", "is_int", "make_optimizer"]
+__all__ = ["LR_SCHEDULES", "OptimizerConfig", "check_stage_fields", "is_int", "make_optimizer",
+           "scale_updates"]

@@ -10,7 +10,8 @@
   `value_and_grad` per microbatch, gradients and metrics summed.
 * `batch_rows`: the host-side batch order of the offline stages (SFT, reward model): the rows of
   each epoch in a `[seed, epoch]`-seeded permutation.
-* `LR_METRIC`: the one name every stage logs its learning rate under.
+* `LR_METRIC`: the one name every stage logs its learning rate under (`CRITIC_LR_METRIC`: PPO's
+  critic's).
 
 All functions are pure and jittable (except `batch_rows`, which runs on the host).
 """
@@ -30,6 +31,9 @@ Array = jax.Array
 
 LR_METRIC = "lr"
 """The metric name of the learning rate (after `lr_scale`) in every stage's metrics."""
+CRITIC_LR_METRIC = f"{LR_METRIC}/critic"
+"""The metric name of PPO's critic learning rate (after `lr_scale`), where the run has a
+critic (`PPOOptimizer.critic_learning_rate`)."""
 
 
 class StageState(struct.PyTreeNode):
@@ -201,6 +205,7 @@ def batch_rows(seed: int, step: int, batch_size: int, num_rows: int, *,
 
 
 __all__ = [
+    "CRITIC_LR_METRIC",
     "LR_METRIC",
     "StageState",
     "accumulate_gradients",

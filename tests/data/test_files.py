@@ -190,6 +190,29 @@ def test_conversational_prompts_and_completions(tmp_path, fmt, tok):
       [{"messages": chat}] * 2, tok)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_completion_is_the_response_of_trls_prompt_completion_records(tmp_path, fmt, tok):
+  """TRL's `{"prompt", "completion"}` (strings or chats) reads as `{"prompt", "response"}`,
+  beside records that use "response" (the other's column null); a record with both is refused
+  naming its line or row."""
+  path = _write(tmp_path, fmt, [{"prompt": SFT[0]["prompt"], "completion": SFT[0]["response"]},
+                                SFT[1]])
+  assert read_sft_records(path) == SFT[:2]
+  assert read_sft_examples(path, tok) == encode_records(SFT[:2], tok)
+  chat = CHATS[1]["messages"]
+  chats = _write(tmp_path, fmt, [{"prompt": chat[:1], "completion": chat[1:]}], "chats")
+  assert read_sft_records(chats) == [{"prompt": chat[:1], "response": chat[1:]}]
+  assert read_sft_examples(chats, tok) == encode_records([{"messages": chat}], tok)
+  both = _write(tmp_path, fmt, [SFT[0], {**SFT[1], "completion": " was great"}], "both")
+  for read in (read_sft_records, lambda p: read_sft_examples(p, tok)):
+    with pytest.raises(ValueError, match=f"{_where(fmt, 1)}: the record has both 'response' "
+                                         "and 'completion'"):
+      read(both)
+  # A field name of the user's own is read alone: "response" is then not the response.
+  with pytest.raises(ValueError, match=f"{_where(fmt, 1)}.*\"completion\""):
+    read_sft_records(path, response_field="completion")
+
+
 @pytest.mark.parametrize("record, message", [
     ({"prompt": [{"role": "user", "content": "a"}], "response": "b"},
      r"line 1: \"prompt\" is a chat but \"response\" is not; give both as chats"),
@@ -260,8 +283,9 @@ def test_load_prompts_reads_every_format_and_chats(tmp_path, fmt, tok):
          r"quotes\); write one JSON object per line"),
         (b'{"prompt": "a", "response": "b"}\n{"prompt": "\xe9", "response": "d"}\n',
          r"line 2: not valid UTF-8 \(byte b'\\xe9' at column 13\); save the file as UTF-8"),
-        (b'["a", "b"]\n', r"line 1: expected an object with \"prompt\" and \"response\" strings "
-                          r"\(or chats\) or a \"messages\" list, got '\[\"a\", \"b\"\]'"),
+        (b'["a", "b"]\n', r"line 1: expected an object with \"prompt\" and \"response\" or "
+                          r"\"completion\" strings \(or chats\) or a \"messages\" list, "
+                          r"got '\[\"a\", \"b\"\]'"),
         (b'{"prompt": "a", "respons": "b"}\n',
          r"line 1: expected an object .* got keys \['prompt', 'respons'\]; rename 'respons' to "
          r"\"response\" \(or pass response_field='respons'\)"),

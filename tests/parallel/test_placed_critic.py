@@ -10,6 +10,7 @@ reference's evaluation log-probs on its own mesh). Bad configurations raise one 
 """
 
 import jax
+import numpy as np
 import pytest
 from flax import nnx
 from multidevice import run_on_devices
@@ -200,7 +201,7 @@ def test_split_state_round_trip():
 
 # -- the critic's update program (one device) ----------------------------------------------------
 
-def _critic_programs(**ppo):
+def _critic_programs(critic_learning_rate=None, **ppo):
   """`CriticPrograms` of a tiny critic on a one-device mesh, its state and a batch of 8 rows
   (4 prompt and 4 response slots)."""
   model = ModelConfig(model_type="llama", vocab_size=16, hidden_size=8, intermediate_size=16,
@@ -208,7 +209,8 @@ def _critic_programs(**ppo):
                       max_position_embeddings=16)
   config = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=4), num_minibatches=2,
                      ppo_epochs=2,
-                     optimizer=PPOOptimizer(learning_rate=1e-2), **ppo)
+                     optimizer=PPOOptimizer(learning_rate=1e-2,
+                                            critic_learning_rate=critic_learning_rate), **ppo)
   optimizer, schedule = make_optimizer(config.optimizer, config.total_optimizer_steps)
   graphdef, value, rest = nnx.split(ScalarModel(model, rngs=nnx.Rngs(0)), nnx.Param, ...)
   steps = PPOSteps(config, policy_graphdef=None, value_graphdef=graphdef,
@@ -268,3 +270,18 @@ def test_a_non_finite_critic_step_is_skipped_and_counted():
   all_nan = batch.replace(returns=jax.numpy.full_like(batch.returns, jax.numpy.nan))
   out = _run(programs, value, rest, opt_state, all_nan, _plan([[True, True], [True, False]]))
   assert _same(out[:2], (value, opt_state)) and float(out[2]["skipped_updates"]) == 3.0
+
+
+def test_the_critics_own_learning_rate_on_its_mesh():
+  """`critic_learning_rate` scales the critic program's updates: 0 leaves the critic as it was,
+  twice the policy's rate moves it twice as far in one step as the policy's rate does."""
+  plan = _plan([[True, False]])
+  programs, value, rest, opt_state, batch = _critic_programs(critic_learning_rate=0.0)
+  frozen = _run(programs, value, rest, opt_state, batch, plan)
+  assert _same(frozen[0], value) and not _same(frozen[1], opt_state)
+  same = _run(*_critic_programs(), plan)[0]
+  double = _run(*_critic_programs(critic_learning_rate=2e-2), plan)[0]
+  assert not _same(same, value)
+  for a, b, c in zip(jax.tree.leaves(value), jax.tree.leaves(same), jax.tree.leaves(double),
+                     strict=True):
+    np.testing.assert_allclose(c - a, 2 * (b - a), rtol=1e-3, atol=1e-7)

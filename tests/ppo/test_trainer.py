@@ -104,6 +104,57 @@ def test_separate_critic_from_a_reward_model():
   assert all(jax.tree.leaves(moved)), "every critic parameter is trained"
 
 
+def _moved(before, after) -> dict:
+  """`{path: whether the leaf changed}` of two parameter trees."""
+  return {jax.tree_util.keystr(p): bool(np.any(np.asarray(a) != np.asarray(b)))
+          for (p, a), b in zip(jax.tree_util.tree_leaves_with_path(before),
+                               jax.tree.leaves(after), strict=True)}
+
+
+def test_critic_learning_rate_scales_the_critics_updates_only():
+  """`optimizer.critic_learning_rate`: 0 leaves a separate critic (and a value head on the policy
+  trunk) as it was while the policy trains; twice the policy's rate moves the critic twice as
+  far on the same batch, the policy as far as without it; `lr/critic` logs it."""
+  def run(critic_lr, value_model=True):
+    optimizer = dataclasses.replace(CONFIG.optimizer, critic_learning_rate=critic_lr)
+    critic = ScalarModel(MODEL, head_init="reward", rngs=nnx.Rngs(3)) if value_model else None
+    trainer = _trainer(_config(optimizer=optimizer, ppo_epochs=1, num_minibatches=1),
+                       value_model=critic)
+    before = jax.tree.map(np.asarray, (trainer.state.policy, trainer.state.value))
+    m = trainer.step()
+    return before, jax.tree.map(np.asarray, (trainer.state.policy, trainer.state.value)), m
+
+  (policy0, value0), (policy1, value1), m = run(0.0)
+  assert not any(_moved(value0, value1).values())
+  assert all(_moved(policy0, policy1).values())
+  assert m["lr/critic"] == 0.0 and m["lr"] == pytest.approx(3e-3)
+  (policy0, _), (policy1, _), m = run(0.0, value_model=False)  # the value head on the trunk
+  moved = _moved(policy0, policy1)
+  head = [k for k in moved if "value_head" in k]
+  assert head and not any(moved[k] for k in head)
+  assert all(v for k, v in moved.items() if "value_head" not in k)
+  assert m["lr/critic"] == 0.0
+  (p0, v0), (p_same, v_same), m_same = run(None)
+  _, (p_double, v_double), m_double = run(6e-3)
+  assert m_same["lr/critic"] == pytest.approx(3e-3) and m_double["lr/critic"] == pytest.approx(6e-3)
+  for a, b in zip(jax.tree.leaves(p_same), jax.tree.leaves(p_double), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  for a, b, c in zip(jax.tree.leaves(v0), jax.tree.leaves(v_same), jax.tree.leaves(v_double),
+                     strict=True):
+    np.testing.assert_allclose(c - a, 2 * (b - a), rtol=1e-3, atol=1e-7)
+
+
+@pytest.mark.parametrize("value", [-1e-5, float("nan"), float("inf"), "fast", True])
+def test_critic_learning_rate_errors_name_the_field(value):
+  with pytest.raises(ValueError, match=r"^PPOOptimizer.critic_learning_rate=.* is invalid: use "
+                                       "a number >= 0"):
+    dataclasses.replace(CONFIG.optimizer, critic_learning_rate=value)
+  with pytest.raises(ValueError, match=r"^PPOConfig.optimizer.critic_learning_rate=1e-05 is set "
+                                       "but advantage_mode='grpo' trains no critic"):
+    _config(advantage_mode="grpo", n_samples=2, optimizer=dataclasses.replace(
+        CONFIG.optimizer, critic_learning_rate=1e-5))
+
+
 def test_layer_loops_change_speed_not_the_update():
   """Unrolled training and scanned sampling (the benchmark's pair) give the scan-only update."""
   runs = []

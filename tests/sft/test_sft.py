@@ -240,6 +240,17 @@ def test_chat_and_plain_records_through_the_tokenizer(tmp_path):
   with pytest.raises(ValueError, match=r"train_data\[1\]: no field 'response'"):
     SFTTrainer(BASE, CausalLM(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
                train_data=[chat, {"prompt": "hello"}])
+  # TRL's prompt-completion records: "completion" is the response; both is one error.
+  assert encode_record({"prompt": "hello world", "completion": "good"}, tok) == encode_record(
+      {"prompt": "hello world", "response": "good"}, tok)
+  assert encode_record({"prompt": chat["messages"][:1], "completion": chat["messages"][1:]},
+                       tok) == ex
+  with pytest.raises(ValueError, match=r"^train_data\[1\]: the record has both 'response' and "
+                                       "'completion'"):
+    SFTTrainer(BASE, CausalLM(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
+               train_data=[chat, {"prompt": "a", "response": "b", "completion": "c"}])
+  with pytest.raises(ValueError, match=r"no field 'response'.*'response' or 'completion'"):
+    encode_record({"prompt": "hello"}, tok)
   with pytest.raises(ValueError, match="must be the assistant's"):
     encode_record({"messages": chat["messages"][:1]}, tok)
   with pytest.raises(ValueError, match="'prompt' must be a string"):
