@@ -5,8 +5,8 @@ vocabulary is large: the one log-prob path of training, evaluation and the sampl
 logits it projects the whole `[B, T, D]` hidden states to `[B, T, V]` logits at once (the fastest
 path at small vocabularies); above it, `jax_ppo.core.chunked_logprobs` projects and reduces
 `T`-chunk by `T`-chunk, so neither the forward nor the backward pass holds the whole logits
-(at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 52 steps
-under 256 MiB). Same numbers either way (tests/models/test_logprobs.py).
+(at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 55 steps
+256 MiB). Same numbers either way (tests/models/test_logprobs.py).
 
 The teacher-forced pass over prompt + response that scores a rollout's responses (old,
 reference, new and evaluation log-probs) is `jax_ppo.ppo.forward.response_logprobs`, which
@@ -32,17 +32,12 @@ def logits_chunk(rows: int, steps: int, vocab: int, limit: int | None) -> int | 
   """Steps per chunk for `rows x steps` tokens over `vocab` entries, or None (no chunking).
 
   None when `limit` is None or the whole float32 logits `rows * steps * vocab * 4` bytes fit in
-  `limit`; otherwise the fewest chunks of at most that many steps, made as even as they can be
-  (`ceil(steps / n)` steps each), so the padded last chunk wastes fewer than `n` steps of the
-  head's matmul: 512 steps at most 55 at a time are 10 chunks of 52 (520 slots), not of 55
-  (550: 7% more LM-head FLOPs, forward, recompute and backward).
+  `limit`; otherwise the most steps whose logits fit (at least 1).
   """
   row_bytes = rows * vocab * 4
   if limit is None or steps * row_bytes <= limit:
     return None
-  most = max(1, min(steps, limit // row_bytes))
-  chunks = -(-steps // most)
-  return -(-steps // chunks)
+  return max(1, min(steps, limit // row_bytes))
 
 
 def head_logprobs(
