@@ -106,7 +106,10 @@ def test_resume_in_a_new_trainer_equals_the_uninterrupted_run(tmp_path):
 def _flat(config: dict, block: str) -> dict:
   """A saved `PPOConfig` dict as written before `block` existed (its keys flat)."""
   config = dict(config)
-  config.update(config.pop(block))
+  # (only the keys the block held flat: fields added to it since, e.g. the optimizer's
+  # critic_learning_rate, were never written flat)
+  config.update({k: v for k, v in config.pop(block).items()
+                 if k in PPOConfig.MOVED_KEYS})
   return config
 
 

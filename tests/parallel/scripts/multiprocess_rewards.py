@@ -72,7 +72,7 @@ def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
   (folder / "prompts.txt").write_text("the movie was\n")
   try:
     build_trainer(RunConfig(policy_path=str(folder), prompts_path=str(folder / "prompts.txt"),
-                            run_dir=str(folder / "run"), reward_function="length"))
+                            run_dir=str(out / f"run{pid}"), reward_function="length"))
     result["no_mesh"] = None
   except ValueError as e:
     result["no_mesh"] = str(e)
@@ -80,7 +80,7 @@ def main(out: pathlib.Path, port: str, count: int, pid: int) -> None:
   try:  # roles on sub-meshes of their own: single-process only, refused before any model loads
     build_trainer(RunConfig(
         policy_path=str(folder), prompts_path=str(folder / "prompts.txt"),
-        run_dir=str(folder / "run"), reward_function="length", mesh=MeshConfig(data=2),
+        run_dir=str(out / f"run{pid}"), reward_function="length", mesh=MeshConfig(data=2),
         placement=PlacementConfig(policy_devices=(0, 2),
                                   reference=RoleMesh(devices=(2, 4), mesh=MeshConfig(data=2)))))
     result["split_roles"] = None
