@@ -36,7 +36,7 @@ def _trainer(lora: bool) -> PPOTrainer:
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_training_and_evaluation_log_probs_are_the_same_numbers(lora):
+def test_training_and_evaluation_log_probs_agree_to_a_few_ulps(lora):
   trainer = _trainer(lora)
   prompt_ids, _ = trainer.dataset.batch(0, trainer.config.prompts_per_update)
   rollout = trainer.sampler(prompt_ids, jax.random.PRNGKey(0), state=trainer.policy_state())
@@ -50,8 +50,10 @@ def test_training_and_evaluation_log_probs_are_the_same_numbers(lora):
   state, batch, _, _ = trainer.steps.experience_update(trainer.state, trainer.frozen, rollout,
                                                        scores)
   del state
-  np.testing.assert_array_equal(eval_lp, np.asarray(batch.old_logprobs))
-  np.testing.assert_array_equal(eval_ref, np.asarray(batch.ref_logprobs))
+  # The same function in two compiled programs: XLA may fuse (and so round) each program its own
+  # way, so a few values differ in their last bit (2.4e-7 at -3.19 on some CPUs): a few ulps.
+  np.testing.assert_allclose(eval_lp, np.asarray(batch.old_logprobs), rtol=5e-7, atol=0)
+  np.testing.assert_allclose(eval_ref, np.asarray(batch.ref_logprobs), rtol=5e-7, atol=0)
   assert np.all(eval_lp[~mask] == 0.0) and np.all(eval_ref[~mask] == 0.0)
   assert np.abs(eval_lp - eval_ref)[mask].max() > 1e-4  # not trivially equal
   # The temperature is the config's: another one gives other numbers.
