@@ -40,6 +40,7 @@ import numpy as np
 from jax_ppo.control import ControlPPOConfig, final_return, make_train
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
 PUREJAXRL_CARTPOLE = {
@@ -293,6 +294,7 @@ def main() -> None:
     print(f"{row['seeds']:>5}  {jp['min_total_s']:6.2f} /{jp['median_total_s']:6.2f} "
           f"{jp['min_total_cpu_s']:7.2f}  {pj_s}  {ratio}")
   print(f"peak RSS of this process (both implementations): {peak_rss_mib() / 1024:.2f} GiB")
+  print(host_line())
 
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -301,7 +303,7 @@ def main() -> None:
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
-        "cpu_count": os.cpu_count(),
+        "host": host_record(),
         "platform": platform.platform(),
         "jax_ppo_config": dataclasses.asdict(config),
         "purejaxrl_config": pjrl_config if pjrl is not None else None,

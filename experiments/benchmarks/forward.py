@@ -31,6 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
 #: XLA flags applied unless --xla-flags overrides them (see the report in the models issue).
@@ -193,7 +194,7 @@ def main(argv=None):
   results = dict(
       xla_flags=os.environ["XLA_FLAGS"], batch=args.batch, seq=args.seq, reps=args.reps,
       remat=args.remat, scan_layers=not args.unroll, devices=str(jax.devices()), dtype=args.dtype,
-      cpu_count=os.cpu_count(), shapes={},
+      host=host_record(), shapes={},
   )
   peak, peak_cpu = matmul_peak_jax(args.matmul_size, args.reps)
   results.update(matmul_peak_gflops_jax=peak, matmul_peak_gflops_per_cpu_s_jax=peak_cpu)
@@ -251,6 +252,7 @@ def main(argv=None):
               f"{e[kind + '_frac_peak_cpu']:>8.0%} {speed:>24}")
   results["peak_rss_mib"] = peak_rss_mib()
   print(f"peak RSS of this process (jax and torch): {results['peak_rss_mib'] / 1024:.2f} GiB")
+  print(host_line(results["host"]))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(results, f, indent=2)

@@ -37,6 +37,7 @@ import numpy as np
 from jax_ppo import gae
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
 
@@ -192,6 +193,7 @@ def main() -> None:
           f"{bw['numpy_copy_Bps'] / 1e9:.2f} GB/s, jitted x+1 {bw['jax_add_one_Bps'] / 1e9:.2f} "
           f"GB/s (read+write)")
   print(f"peak RSS of this process: {peak_rss_mib():.0f} MiB")
+  print(host_line())
 
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -209,7 +211,7 @@ def main() -> None:
         "copy_bandwidth_gae_sized": bw_small,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
-        "cpu_count": os.cpu_count(),
+        "host": host_record(),
         "platform": platform.platform(),
         "peak_rss_mib": peak_rss_mib(),
     }

@@ -21,6 +21,9 @@ import sys
 import tempfile
 import textwrap
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
+
 CHILD = textwrap.dedent("""
     import json, resource, sys, time
     import jax, jax.numpy as jnp
@@ -114,8 +117,9 @@ def main(argv=None):
     path = tmp.name
   os.makedirs(path, exist_ok=True)
   params, nbytes = write_checkpoint(path, args)
-  results = dict(params=params, checkpoint_bytes=nbytes, runs={})
-  print(f"checkpoint: {params / 1e6:.0f}M parameters, {nbytes / 2**30:.2f} GiB fp32")
+  results = dict(params=params, checkpoint_bytes=nbytes, runs={}, host=host_record())
+  print(f"checkpoint: {params / 1e6:.0f}M parameters, {nbytes / 2**30:.2f} GiB fp32; "
+        f"{host_line(results['host'])}")
   for dtype in args.dtype:
     code = CHILD.format(dtype=f"jnp.{dtype}")
     out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,

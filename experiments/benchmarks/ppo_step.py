@@ -54,6 +54,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -336,6 +337,7 @@ def main(argv=None) -> dict:
       rollout_layers=args.rollout_layers, remat=args.remat, compile_cache=args.compile_cache,
       backend=jax.default_backend(), jax=jax.__version__,
   )
+  results["host"] = host_record()
   print(f"\nPPO update benchmark ({args.shape}, batch {args.batch}, {args.response_length} "
         f"response tokens, 4 epochs, {args.dtype}, {jax.default_backend()})")
   print(f"{'impl':<8} {'s/update':>9} {'rollout':>9} {'score':>9} {'update':>9} "
@@ -358,6 +360,7 @@ def main(argv=None) -> dict:
     print(f"jax_ppo time / TRL time: {results['jax_ppo_over_trl_time']:.2f}")
   print(f"jax_ppo MFU: {results['jax_ppo']['mfu']:.3f} of a "
         f"{results['jax_ppo']['matmul_peak_gflops']:.0f} GFLOP/s matmul peak")
+  print(host_line(results["host"]))
   acc = results["jax_ppo"]["accelerator"]
   if acc["mfu"] is not None:
     print(f"jax_ppo MFU: {acc['mfu']:.4f} of the {acc['peak_table_key']} datasheet {args.dtype} "

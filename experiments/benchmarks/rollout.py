@@ -32,6 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -200,6 +201,7 @@ def main(argv=None) -> dict:
       bytes_per_s=step_bytes * args.new_tokens / gen_s,
   )
   results["peak_rss_mib"] = peak_rss_mib()
+  results["host"] = host_record()
   summary = {
       **results,
       "config": dict(
@@ -233,6 +235,7 @@ def main(argv=None) -> dict:
           f"HBM bandwidth ({acc['peak_hbm_bytes_s'] / 1e12:.2f} TB/s), MFU {acc['mfu']:.4f}")
   print(f"peak RSS of this process (both implementations): "
         f"{results['peak_rss_mib'] / 1024:.2f} GiB")
+  print(host_line(results["host"]))
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

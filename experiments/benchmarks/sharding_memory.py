@@ -22,6 +22,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
+
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -77,7 +80,8 @@ def main(argv=None) -> int:
                   ppo_epochs=1)
   configs = model_configs()
   results = {"devices": args.devices, "platform": devices[0].platform, "batch": args.batch,
-             "prompt": args.prompt, "response": args.response, "models": {}}
+             "prompt": args.prompt, "response": args.response, "models": {},
+             "host": host_record()}
   layouts = {"replicated": MeshConfig(data=args.devices), "fsdp": MeshConfig(data=1, fsdp=-1)}
   rows = []
   for name in args.models.split(","):
@@ -96,6 +100,7 @@ def main(argv=None) -> int:
 
   print(f"Per-device GiB of one PPO update ({args.devices} {results['platform']} devices, batch "
         f"{args.batch} x ({args.prompt} + {args.response}) tokens, fp32, AdamW, value head):")
+  print(host_line(results["host"]))
   header = ("model", "layout", "params", "reference", "optimizer", "temp", "arguments")
   print(" | ".join(f"{h:>12}" for h in header))
   for name, layout, m in rows:

@@ -35,9 +35,11 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_record  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).parent / "results" / "tpu_planning"
 MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama-3.1-8b")
@@ -48,23 +50,6 @@ SLICES = {
     "v6e": ("v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"),
 }
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
-
-
-def host_record() -> dict:
-  """The machine that compiled: CPU model and the vector instruction sets it offers."""
-  model, flags = platform.processor() or "unknown", set()
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      key, _, value = line.partition(":")
-      if key.strip() == "model name":
-        model = value.strip()
-      elif key.strip() == "flags":
-        flags = set(value.split())
-  except OSError:
-    pass
-  isa = sorted(f for f in flags if f.startswith(("avx", "amx", "sse4", "fma")))
-  return {"cpu": model, "instruction_sets": isa, "cores": os.cpu_count(),
-          "python": platform.python_version()}
 
 
 def run_shape_for(model: str, run: str, chips: int):

@@ -64,6 +64,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
+
 GOALS = {"update_flops": 1.35, "decode_bytes": 1.25, "fsdp_hbm": 1.1}
 
 
@@ -80,24 +83,6 @@ def parse_args(argv=None):
   p.add_argument("--parts", default="update,decode,fsdp", help="which ratios to compute")
   p.add_argument("--json", help="write the results here")
   return p.parse_args(argv)
-
-
-def host_cpu() -> dict[str, str]:
-  """The host's CPU model and its widest vector instruction sets (from /proc/cpuinfo)."""
-  model, flags = platform.processor() or platform.machine(), []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-          model = value.strip()
-        elif key.strip() == "flags":
-          flags = value.split()
-          break
-  except OSError:
-    pass
-  wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-  return {"model": model, "isa": " ".join(f for f in wanted if f in flags) or platform.machine()}
 
 
 def qwen3_config(num_layers: int):
@@ -213,10 +198,10 @@ def main(argv=None) -> int:
       return {k: progs[k] for k in names}
     return depth_costs(programs_at, config.num_layers, topology=args.topology)
 
-  cpu = host_cpu()
+  host = host_record()
   results = {
       "benchmark": "tpu_waste", "topology": args.topology, "chips": n,
-      "chip": devices[0].device_kind, "host_cpu": cpu["model"], "host_isa": cpu["isa"],
+      "chip": devices[0].device_kind, "host": host,
       "versions": {"jax": jax.__version__, "libtpu": importlib.metadata.version("libtpu"),
                    "python": platform.python_version()},
       "model": "Qwen3-0.6B shapes", "layers": args.layers, "rows": args.rows,
@@ -314,7 +299,7 @@ def main(argv=None) -> int:
   results["seconds"] = round(time.perf_counter() - t_start, 1)
   print(f"\n{args.topology} ({n} x {devices[0].device_kind}), Qwen3-0.6B shapes at "
         f"{config.num_layers} layers, {args.rows} rows x ({args.prompt} + {args.response}), "
-        f"{args.dtype}, mesh data={n}; per chip; compiled on {cpu['model']} ({cpu['isa']})")
+        f"{args.dtype}, mesh data={n}; per chip; compiled on {host_line(host)}")
   print(f"{'quantity':<58}{'compiled':>14}{'model/ideal':>14}{'ratio':>8}{'goal':>7}  met")
   for name, got, ideal, ratio, goal in rows:
     print(f"{name:<58}{got:>14.4g}{ideal:>14.4g}{ratio:>8.3f}{goal:>7.2f}  "

@@ -45,6 +45,7 @@ for _name, _value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
   os.environ.setdefault(_name, _value)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 from ppo_step import SHAPES, build_models, make_prompts  # noqa: E402
 from rss import peak_rss_mib  # noqa: E402
 
@@ -208,6 +209,7 @@ def main(argv=None) -> dict:
       "import_s": import_s,
       "train_s": train_s,
       "torch_threads": torch.get_num_threads(),
+      "host": host_record(),
       "versions": {"python": platform.python_version(), "torch": torch.__version__,
                    "transformers": transformers.__version__, "trl": trl.__version__,
                    "datasets": datasets.__version__},
@@ -217,6 +219,7 @@ def main(argv=None) -> dict:
       "updates": updates,
   }
   print(json.dumps({k: v for k, v in result.items() if k != "updates"}, indent=2))
+  print(host_line(result["host"]))
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -22,7 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from host import host_line, host_record  # noqa: E402
 
 SHAPES = {
     "qwen3-0.6b": dict(model=dict(
@@ -139,13 +144,13 @@ def main(argv=None) -> dict:
       "benchmark": "update_memory", "shape": args.shape, "config": shape, "epochs": args.epochs,
       "dtype": args.dtype, "remat": args.remat, "program": "PPOSteps.experience_update",
       "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-      "jax": jax.__version__, "runs": runs,
+      "jax": jax.__version__, "runs": runs, "host": host_record(),
   }
   names = ("arguments", "outputs", "aliased", "temporaries", "peak")
   print(f"{args.shape}: batch {shape['batch']}, {shape['prompt']} + {shape['response']} tokens, "
         f"vocab {shape['model']['vocab_size']}, {args.dtype}, remat {args.remat}, "
         f"{args.epochs} epoch(s), "
-        f"{result['backend']} ({result['device_kind']})")
+        f"{result['backend']} ({result['device_kind']}); {host_line(result['host'])}")
   print(f"| GiB | {' | '.join(names)} | chunk steps | compile s |")
   print("|---" * (len(names) + 3) + "|")
   for name, r in runs.items():
