@@ -82,7 +82,8 @@ def _metrics_section(text: str) -> str:
   return text[start : end.start() if end else len(text)]
 
 
-@pytest.mark.parametrize("doc", [CORE_API, DETAILS_DOC, ROOT / "README.md"], ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", [*sorted(DOCS.glob("*.md")), ROOT / "README.md"],
+                         ids=lambda p: p.name)
 def test_relative_links_point_at_existing_files(doc):
   text = _read(doc)
   missing = [
@@ -95,7 +96,9 @@ def test_relative_links_point_at_existing_files(doc):
 
 def test_readme_points_at_the_docs():
   links = {target for _, target in _relative_links(_read(ROOT / "README.md"))}
-  assert {"docs/core_api.md", "docs/rlhf_details.md"} <= links
+  pages = {f"docs/{path.name}" for path in DOCS.glob("*.md")}
+  assert {"docs/core_api.md", "docs/rlhf_details.md", "docs/runs.md"} <= pages
+  assert pages <= links, f"the README does not link {sorted(pages - links)}"
 
 
 @pytest.mark.parametrize("doc", [CORE_API, DETAILS_DOC], ids=lambda p: p.name)

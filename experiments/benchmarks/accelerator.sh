@@ -54,7 +54,7 @@ else
   ROLLOUT_BF16W=(--shape gpt2-small --batch 64 --prompt-len 64 --new-tokens 128 --warmup 1
                  --reps 3 --no-hf --dtype bfloat16 --param-dtype bfloat16)
   # ppo_fp32: the CPU reference workload (base shape, batch 8, 48 tokens, float32), whose CPU
-  # and TRL figures the README gives.
+  # and TRL figures docs/benchmarks.md gives.
   PPO_FP32=(--shape base --warmup 2 --updates 4 --train-layers scan --no-second-invocation)
 fi
 BUDGET=${BUDGET:-420}

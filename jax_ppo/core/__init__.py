@@ -1,8 +1,8 @@
 """jax_ppo.core: the pure, jittable math of PPO for language models.
 
 Imports only jax. Every function here is documented with its equation, its paper and the shape
-of each argument (`B` batch, `T` response steps, `V` vocabulary); see `docs/core_api.md` and the
-README's core API table.
+of each argument (`B` batch, `T` response steps, `V` vocabulary); see `docs/core_api.md` and its
+summary table.
 """
 
 from jax_ppo.core._checks import REDUCTIONS

@@ -6,8 +6,8 @@ learning rate of the `optimizer` block); `preset_overrides(name)` returns them a
 dict, the shape of a config file's `ppo` section (`jax_ppo.runs.ppo_config.load_run_config`
 merges it under the file's values, key by key). `HYPERPARAMETER_GUIDE` is a table of recommended
 ranges, defaults and one-line advice keyed by dotted `PPOConfig` keys; `check_against_guide(values)`
-turns out-of-range values into advice and `format_guide()` renders the table as Markdown for the
-README.
+turns out-of-range values into advice and `format_guide()` renders the table as Markdown for
+docs/presets.md (`jax_ppo.runs.reference`).
 
 Sources: the N+ implementation details of RLHF with PPO (Huang et al. 2024), TRL's PPO defaults,
 Ziegler et al. 2019 (adaptive KL controller) and practitioners' tuning guides.

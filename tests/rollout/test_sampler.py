@@ -71,8 +71,8 @@ def test_bf16_logprobs_within_documented_tolerance():
   rollout = Sampler(model, _config())(PROMPTS, jax.random.PRNGKey(2))
   recomputed = masked_logprobs(model, batch_view(rollout), temperature=0.7)
   # bf16 activations and cache: the decode path and the full forward round differently. The
-  # documented tolerance (README, rollout section) is 0.1 nats per token on tiny models; PPO
-  # recomputes old log-probs with a teacher-forced pass in that case (docs/rlhf_details.md item 4).
+  # documented tolerance (docs/rlhf_details.md item 4) is 0.1 nats per token on tiny models; PPO
+  # recomputes old log-probs with a teacher-forced pass in that case.
   err = np.abs(np.asarray(rollout.logprobs - recomputed, np.float32))
   assert err.max() < 0.1, err.max()
 
