@@ -81,7 +81,8 @@ Heads
   `m.score(ids, attention_mask=mask) -> [B]` read at the last valid token (rewards).
   `load_scalar_model(path, *, head_init=None)` reads `*ForSequenceClassification` checkpoints
   (their `score.weight`) or a causal-LM trunk with a new head (reward init N(0, 1/sqrt(D + 1)),
-  bias 0). `value_model_from_reward_model(rm)` copies a reward model into a value model.
+  bias 0; `has_score_head(path)` tells them apart from the files' headers).
+  `value_model_from_reward_model(rm)` copies a reward model into a value model.
 
 LoRA
 ----
@@ -127,7 +128,13 @@ from jax_ppo.models.errors import (
     VocabularyError,
 )
 from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_reward_model
-from jax_ppo.models.hf import from_pretrained, load_config, load_scalar_model, save_pretrained
+from jax_ppo.models.hf import (
+    from_pretrained,
+    has_score_head,
+    load_config,
+    load_scalar_model,
+    save_pretrained,
+)
 from jax_ppo.models.layers import ScalarHead
 from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs, logits_chunk
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
@@ -179,6 +186,7 @@ __all__ = [
     "encode_chat",
     "ensure_pad_token",
     "from_pretrained",
+    "has_score_head",
     "has_lora",
     "head_logprobs",
     "init_cache",

@@ -44,7 +44,8 @@ class RewardModelConfig:
   # --- data ---
   max_length: int = 512
   """Tokens of prompt + response; longer sequences lose their start (the score is read at the
-  end)."""
+  end). At most the model's context (`max_position_embeddings` of its config.json): `jax-ppo
+  reward` refuses a longer value before any weights load."""
   add_eos: bool = True
   """Append EOS to every response (unless it ends with one), as the policy's responses end."""
   prompt_field: str = "prompt"

@@ -1,7 +1,8 @@
 """jax_ppo.runs: the stages run from config files, as the `jax-ppo` command line runs them.
 
 `common` (what the runs share: the run-config base and its `run` block, record files, model
-folders, dtypes), `paths` (no run writes over what it reads), `ppo_config`
+folders, dtypes), `paths` (no run writes over what it reads), `context` (lengths against a
+model's context), `run_folders` (which stage wrote a run folder), `ppo_config`
 (`RunConfig`), `ppo` (`run_training`, evaluation and export of run folders), `sft`, `reward`,
 `pipeline` (SFT -> reward model -> PPO from one file).
 """

@@ -33,6 +33,7 @@ from jax_ppo.models import (
   add_lora,
   check_vocab_covers,
   from_pretrained,
+  has_score_head,
   load_config,
   load_scalar_model,
   load_tokenizer,
@@ -50,8 +51,10 @@ from jax_ppo.rewards.specs import (
   reward_source_names,
 )
 from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab
+from jax_ppo.runs.context import prompt_token_budget
 from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
+from jax_ppo.runs.run_folders import check_run_folder_stage
 from jax_ppo.training.export import check_export_target
 
 logger = logging.getLogger("jax_ppo.run")
@@ -102,18 +105,6 @@ def load_prompts(
       lazy=lazy)
 
 
-def prompt_token_budget(policy_config: Any, max_new_tokens: int) -> int:
-  """Tokens a prompt may have: the context `max_position_embeddings` minus `max_new_tokens`."""
-  budget = int(policy_config.max_position_embeddings) - int(max_new_tokens)
-  if budget < 1:
-    raise ValueError(
-        f"PPOConfig.sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
-        f"policy's context of {policy_config.max_position_embeddings} tokens; lower "
-        "ppo.sampling.max_new_tokens."
-    )
-  return budget
-
-
 def _has_tokenizer(path: str) -> bool:
   return any(os.path.exists(os.path.join(path, f))
              for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
@@ -125,6 +116,52 @@ def _check_folder(field: str, path: str | None) -> None:
         f"RunConfig.{field}={path!r}: no Hugging Face model folder there (config.json is "
         "missing); give a local folder written by save_pretrained."
     )
+
+
+def check_scalar_heads(config: RunConfig, *, critic: bool = True) -> None:
+  """Before any weights load: every reward model of `config` holds a trained scalar head, and so
+  does the value model unless `value_model_new_head` says a new head is meant.
+
+  A folder without `score.weight` is a causal-LM checkpoint (e.g. the SFT export):
+  `load_scalar_model` would give it a new, random head, so PPO would train against random scores
+  (a reward model: always refused) or start the critic from an untrained head (a value model:
+  allowed with `RunConfig.value_model_new_head=true`, e.g. a critic from the SFT policy).
+
+  Args:
+    config: the run.
+    critic: also check `value_model_path` (when the run has a critic); False for a run folder
+      that is only evaluated or exported (its critic comes from the checkpoint).
+
+  Raises:
+    ValueError: one line naming the field, the path and the fix.
+  """
+  models = [("reward_model_path", config.reward_model_path)]
+  models += [(f"rewards[{i}].model_path", r.model_path) for i, r in enumerate(config.rewards)]
+  for field, path in models:
+    if path is not None and not has_score_head(path):
+      raise ValueError(
+          f"RunConfig.{field}={path!r} is a causal-LM checkpoint without a score head (its "
+          "safetensors hold no score.weight): PPO would train against the random scores of a "
+          "new head; give a reward model (the export_dir of `jax-ppo reward`, or a one-label "
+          "*ForSequenceClassification folder).")
+  path = config.value_model_path
+  if (critic and config.ppo.uses_critic and path is not None and not config.value_model_new_head
+      and not has_score_head(path)):
+    raise ValueError(
+        f"RunConfig.value_model_path={path!r} is a causal-LM checkpoint without a score head (its "
+        "safetensors hold no score.weight); set value_model_new_head=true to start the critic "
+        "from its trunk with a new value head (e.g. from the SFT policy), or give a value or "
+        "reward model (a folder with score.weight).")
+
+
+def policy_tokenizer(config: RunConfig) -> Any:
+  """The policy's tokenizer as the run uses it (its pad token, PAD never a stop id: neither the
+  tokenizer's EOS, the model's nor a configured one); reads no weights."""
+  policy_eos = load_config(config.policy_path).eos_token_ids
+  return load_tokenizer(
+      config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
+      extra_eos_ids=(*policy_eos, *config.ppo.sampling.stop_token_ids),
+  )
 
 
 # ---- building and running ------------------------------------------------------------------------
@@ -153,6 +190,10 @@ def build_trainer(
 ) -> PPOTrainer:
   """Loads the models, tokenizer and prompts of `config` and builds the trainer.
 
+  Before any weights load: the run folder is not another stage's (`jax_ppo.runs.run_folders`),
+  the reward and value models hold a scalar head (`check_scalar_heads`), and the prompts fit the
+  policy's context with `ppo.sampling.max_new_tokens` (`jax_ppo.runs.context`).
+
   Args:
     config: the run.
     open_run: attach `config.run_dir` (logs, checkpoints, resume); False builds a bare trainer
@@ -161,6 +202,9 @@ def build_trainer(
   """
   for field in ("policy_path", "reward_model_path", "value_model_path", "reference_path"):
     _check_folder(field, getattr(config, field))
+  if open_run:
+    check_run_folder_stage(config.run_dir, "ppo", field="RunConfig.run_dir")
+  check_scalar_heads(config, critic=open_run)
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
   dtype = DTYPES[config.dtype]
@@ -175,12 +219,12 @@ def build_trainer(
   placement = None if config.mesh is None else make_placement(config.placement, config.mesh)
   mesh = None if placement is None else placement.policy
   reward_mesh = None if placement is None else placement.reward  # reward models load there
-  policy_eos = load_config(config.policy_path).eos_token_ids
-  # PAD is never a stop id: neither the tokenizer's EOS, the model's nor a configured one.
-  tokenizer = load_tokenizer(
-      config.policy_path, pad_token=config.pad_token, add_pad_token=config.resize_embeddings,
-      extra_eos_ids=(*policy_eos, *config.ppo.sampling.stop_token_ids),
-  )
+  tokenizer = policy_tokenizer(config)
+  if prompts is None:  # (before any weights load: a prompt too long for the context is refused)
+    prompts = load_prompts(config.prompts_path, tokenizer, seed=config.ppo.seed,
+                           max_tokens=prompt_token_budget(load_config(config.policy_path),
+                                                          config.ppo.sampling.max_new_tokens),
+                           lazy=multi_process())  # (several processes: each its own rows)
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
                            remat=config.remat, mesh=mesh)
   grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
@@ -234,8 +278,12 @@ def build_trainer(
       value_model = value_model_from_reward_model(reward_model)
   if config.value_model_path is not None:
     if ppo.uses_critic:
+      if config.value_model_new_head and has_score_head(config.value_model_path):
+        logger.info("value_model_new_head: the score head of %s is replaced by a new one.",
+                    config.value_model_path)
       value_model = load_scalar_model(config.value_model_path, dtype=dtype,
                                       param_dtype=jnp.float32,
+                                      head_init="reward" if config.value_model_new_head else None,
                                       mesh=None if placement is None else placement.critic)
       grow_vocab(value_model, len(tokenizer), resize=config.resize_embeddings, what="value model")
       check_vocab_covers(tokenizer, value_model.config)
@@ -244,11 +292,6 @@ def build_trainer(
                      ppo.advantage_mode)
   if value_model is not None:  # the critic trains too: same remat as the policy
     set_remat(value_model, config.remat)
-  if prompts is None:
-    prompts = load_prompts(config.prompts_path, tokenizer, seed=ppo.seed,
-                           max_tokens=prompt_token_budget(policy.config,
-                                                          ppo.sampling.max_new_tokens),
-                           lazy=multi_process())  # (several processes: each its own rows)
   return PPOTrainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       reference=reference, reference_field="RunConfig.reference_path",
@@ -353,16 +396,20 @@ def evaluate_run(
   process samples and scores, each gathering the scores and samples; process 0 writes `out`.
   """
   check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
+  check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo eval")
   config = saved_run_config(run_dir)
   check_prompts_file(prompts_path, field="--prompts")
   if out is not None:  # (the default, run_dir/eval/step_N.json, is the run's own)
     check_run_paths(inputs=[("--prompts", prompts_path), *config.read_paths()],
                     run_dirs=[("--out", out)])
+  # Before any weights load: the prompts fit the policy's context with the run's response limit.
+  budget = prompt_token_budget(
+      load_config(config.policy_path), config.ppo.sampling.max_new_tokens,
+      fix=f"the run in {str(run_dir)!r} was trained with it, so give RunConfig.policy_path's "
+          "config.json back the context it had")
+  prompts = load_prompts(prompts_path, policy_tokenizer(config), field="--prompts",
+                         max_tokens=budget)
   trainer = _bare_trainer(config)
-  prompts = load_prompts(
-      prompts_path, trainer.tokenizer, field="--prompts",
-      max_tokens=prompt_token_budget(trainer.sampler.model_config,
-                                     config.ppo.sampling.max_new_tokens))
   step = trainer.load_checkpoint(run_dir, step=step)
   raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
   if isinstance(trainer.scorer, CombinedScorer):
@@ -423,6 +470,7 @@ def export_run(
   Returns:
     `(folder, step)`.
   """
+  check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo export")
   config = saved_run_config(run_dir)
   check_run_paths(inputs=config.read_paths(), run_dirs=[("--run-dir", run_dir)],
                   exports=[("--out", out)])
@@ -435,9 +483,11 @@ def export_run(
 __all__ = [
     "build_trainer",
     "check_prompts_file",
+    "check_scalar_heads",
     "evaluate_run",
     "export_run",
     "guide_advice",
     "load_prompts",
+    "policy_tokenizer",
     "run_training",
 ]

@@ -37,10 +37,11 @@ from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
 from jax_ppo.runs.paths import PathField, check_run_paths
 
 OPERATIONAL_FIELDS = ("run_dir", "run", "monitor", "remat", "mesh", "placement", "distributed",
-                      "compilation_cache_dir")
+                      "compilation_cache_dir", "value_model_new_head")
 """`RunConfig` fields (dotted keys or prefixes: `run` is the whole run block) that may change
-between invocations of one run (they do not change what is computed); a difference in any other
-field refuses to resume."""
+between invocations of one run (they do not change what is computed: `value_model_new_head` only
+shapes the critic a run starts with, which a resumed run restores from its checkpoint); a
+difference in any other field refuses to resume."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,7 +61,10 @@ class RunConfig(BaseRunConfig):
   """PPO hyperparameters. `ppo.sampling.pad_token_id` is taken from the tokenizer; empty
   `ppo.sampling.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
   reward_model_path: str | None = None
-  """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model."""
+  """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model, e.g. the
+  export of `jax-ppo reward`. A folder without a score head (`score.weight`: a causal-LM
+  checkpoint such as the SFT export) is refused before any weights load: its scores would be
+  those of a random new head."""
   reward_function: str | None = None
   """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
   "package.module:function", a Python `fn(prompts, responses) -> scores` on texts
@@ -71,7 +75,13 @@ class RunConfig(BaseRunConfig):
   source's raw score is checked and logged as `reward/<name>` (see `CombinedScorer`)."""
   value_model_path: str | None = None
   """Folder of the critic's initial weights (for advantage_mode "gae"); default: a copy of the
-  reward model, or a zero-initialised value head on the policy with a reward function."""
+  reward model, or a zero-initialised value head on the policy with a reward function. It must
+  hold a score head (a reward or value model: `score.weight`), unless `value_model_new_head`."""
+  value_model_new_head: bool = False
+  """Start the critic from `value_model_path`'s trunk with a new value head (initialised as a
+  reward head, N(0, 1/sqrt(D + 1))), e.g. from the SFT policy, a causal-LM checkpoint without
+  one; a score head in the folder is then replaced. False: `value_model_path` must hold a score
+  head, and a causal-LM folder is refused naming this switch."""
   reference_path: str | None = None
   """Hugging Face causal-LM folder of the reference policy of the KL penalty (loaded like the
   policy; its parameters must have the policy's shapes); default: the policy's starting weights
@@ -142,6 +152,12 @@ class RunConfig(BaseRunConfig):
       if self.lora is not None:
         bad("reference_path", "with lora the reference is the policy's base weights (the "
                               "adapters off, one copy); remove reference_path or lora")
+    if not isinstance(self.value_model_new_head, bool):
+      bad("value_model_new_head", "use true or false")
+    if self.value_model_new_head and self.value_model_path is None:
+      bad("value_model_new_head", "it gives value_model_path's trunk a new value head, and "
+                                  "value_model_path is null; set value_model_path (e.g. the SFT "
+                                  "export) or remove value_model_new_head")
     if self.preset is not None and self.preset not in PRESETS:
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.remat not in REMAT_POLICIES:

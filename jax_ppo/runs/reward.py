@@ -67,7 +67,9 @@ from jax_ppo.runs.common import (
   read_records,
   train_stage,
 )
+from jax_ppo.runs.context import check_fits_context, prompt_token_budget
 from jax_ppo.runs.paths import PathField
+from jax_ppo.runs.run_folders import check_run_folder_stage
 
 logger = logging.getLogger("jax_ppo.reward_run")
 
@@ -216,8 +218,15 @@ def policy_samples(
 
 def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   """Loads the model (a new score head on a causal-LM folder, or a reward model's own head),
-  tokenizer and records of `config` and builds the trainer (resuming from the run folder)."""
+  tokenizer and records of `config` and builds the trainer (resuming from the run folder).
+
+  Before any weights load, `run_dir` must not be another stage's run folder
+  (`jax_ppo.runs.run_folders`), `reward.max_length` must fit the model's context and, with
+  `normalise`, `normalise_max_new_tokens` must leave room for a prompt in the policy's
+  (`max_position_embeddings`, `jax_ppo.runs.context`): one ValueError naming the field.
+  """
   check_model_folder("RewardRunConfig.model_path", config.model_path)
+  check_run_folder_stage(config.run_dir, "reward", field="RewardRunConfig.run_dir")
   config.check_export_target()
   check_run_mesh("RewardRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
@@ -226,7 +235,17 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   for field in ("train_path", "eval_path", "normalise_prompts_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"RewardRunConfig.{field}")
-  eos = load_config(config.model_path).eos_token_ids
+  model_config = load_config(config.model_path)
+  check_fits_context("RewardRunConfig.reward.max_length", c.max_length, model_config,
+                     model_field="RewardRunConfig.model_path", model_path=config.model_path)
+  if config.normalise:
+    policy_field = "policy_path" if config.policy_path else "model_path"
+    check_model_folder(f"RewardRunConfig.{policy_field}", config.policy_path or config.model_path)
+    prompt_token_budget(load_config(config.policy_path or config.model_path),
+                        config.normalise_max_new_tokens,
+                        field="RewardRunConfig.normalise_max_new_tokens",
+                        fix="lower normalise_max_new_tokens")
+  eos = model_config.eos_token_ids
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = load_scalar_model(config.model_path, seed=c.seed, dtype=DTYPES[config.dtype],

@@ -55,6 +55,8 @@ from jax_ppo.runs.common import (
   read_records,
   train_stage,
 )
+from jax_ppo.runs.context import check_fits_context
+from jax_ppo.runs.run_folders import check_run_folder_stage
 from jax_ppo.sft import SFTConfig, SFTTrainer
 
 logger = logging.getLogger("jax_ppo.sft_run")
@@ -81,8 +83,14 @@ def load_sft_config(argv: Sequence[str]) -> SFTRunConfig:
 def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   """Loads the model, tokenizer and records of `config` and builds the trainer (which resumes
   from the run folder's latest checkpoint); with `config.mesh` the model is read straight into
-  its shards on that mesh."""
+  its shards on that mesh.
+
+  Before any weights load, `run_dir` must not be another stage's run folder
+  (`jax_ppo.runs.run_folders`) and `sft.max_length` must fit the model's context
+  (`max_position_embeddings`, `jax_ppo.runs.context`): one ValueError naming the field.
+  """
   check_model_folder("SFTRunConfig.model_path", config.model_path)
+  check_run_folder_stage(config.run_dir, "sft", field="SFTRunConfig.run_dir")
   config.check_export_target()
   check_run_mesh("SFTRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
@@ -92,7 +100,10 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   for field in ("train_path", "eval_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"SFTRunConfig.{field}")
-  eos = load_config(config.model_path).eos_token_ids
+  model_config = load_config(config.model_path)
+  check_fits_context("SFTRunConfig.sft.max_length", c.max_length, model_config,
+                     model_field="SFTRunConfig.model_path", model_path=config.model_path)
+  eos = model_config.eos_token_ids
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
   model = from_pretrained(config.model_path, dtype=DTYPES[config.dtype],

@@ -17,14 +17,13 @@ from collections.abc import Sequence
 from jax_ppo.config_io import parse_override, read_config_file
 from jax_ppo.runs.ppo_config import RunConfig, load_run_config
 from jax_ppo.runs.reward import RewardRunConfig, load_reward_config
+from jax_ppo.runs.run_folders import STAGE_COMMANDS
 from jax_ppo.runs.sft import SFTRunConfig, load_sft_config
 
 STAGES = ("ppo", "sft", "reward")
 """The stages a run config can describe."""
 STAGE_CONFIGS = {"ppo": RunConfig, "sft": SFTRunConfig, "reward": RewardRunConfig}
 """Stage -> its run-config class."""
-STAGE_COMMANDS = {"ppo": "jax-ppo train", "sft": "jax-ppo sft", "reward": "jax-ppo reward"}
-"""Stage -> the command that trains it."""
 STAGE_LOADERS = {"ppo": load_run_config, "sft": load_sft_config, "reward": load_reward_config}
 """Stage -> the loader of its run config from a file and `key=value` overrides."""
 
@@ -89,7 +88,6 @@ def load_stage_run_config(stage: str, argv: Sequence[str]
 
 __all__ = [
     "STAGES",
-    "STAGE_COMMANDS",
     "STAGE_CONFIGS",
     "STAGE_LOADERS",
     "argv_keys",

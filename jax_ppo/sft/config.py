@@ -42,7 +42,9 @@ class SFTConfig:
 
   # --- data ---
   max_length: int = 512
-  """Tokens per row; longer examples keep their prompt and lose the end of the response."""
+  """Tokens per row; longer examples keep their prompt and lose the end of the response. At most
+  the model's context (`max_position_embeddings` of its config.json): `jax-ppo sft` refuses a
+  longer value before any weights load."""
   packing: bool = False
   """Pack several examples into each row (segment ids keep them apart)."""
   add_eos: bool = True

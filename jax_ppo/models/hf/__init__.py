@@ -2,8 +2,9 @@
 
 * `tensors`: HF tensor names <-> our parameters (`tensor_specs`), the shape rules, the split of
   fused tensors, and the one `read_plan` (which file, tensor and columns fill each parameter);
-* `load`: `from_pretrained`, `load_scalar_model`, `load_config`; the plan is filled on the host
-  or, given a mesh, straight into each device's shards;
+* `load`: `from_pretrained`, `load_scalar_model` (`has_score_head`: does a folder hold one),
+  `load_config`; the plan is filled on the host or, given a mesh, straight into each device's
+  shards;
 * `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`).
 """
 
@@ -12,6 +13,7 @@ from jax_ppo.models.hf.load import (
     fill_on_host,
     fill_sharded,
     from_pretrained,
+    has_score_head,
     load_config,
     load_params,
     load_scalar_model,
@@ -41,6 +43,7 @@ __all__ = [
     "fill_on_host",
     "fill_sharded",
     "from_pretrained",
+    "has_score_head",
     "load_config",
     "load_params",
     "load_scalar_model",

@@ -261,6 +261,19 @@ def _read_model_type(path: str) -> str:
   return model_type
 
 
+def has_score_head(path: str) -> bool:
+  """Whether the checkpoint folder `path` holds a scalar head (`score.weight`: a
+  `*ForSequenceClassification` checkpoint, or a reward model of ours), read from the files'
+  headers only (no tensor is loaded). A causal-LM checkpoint has none: `load_scalar_model` gives
+  it a new, randomly initialised head.
+
+  Raises:
+    ModelFileError: no weights in `path`, or an unreadable index or safetensors file
+      (`checkpoint_index`).
+  """
+  return "score.weight" in checkpoint_index(path)
+
+
 def load_config(path: str) -> ModelConfig:
   """`ModelConfig` of a local checkpoint folder (`AutoConfig`, local files only)."""
   _read_model_type(path)
@@ -329,7 +342,9 @@ def load_scalar_model(
   A `*ForSequenceClassification` checkpoint (one label) brings its `score.weight` as the head
   (and `config.json`'s `SCORE_BIAS_KEY`, e.g. a reward normalisation, as its bias; 0 without);
   a causal-LM checkpoint (e.g. the SFT policy) brings the trunk only, and the head is new:
-  `head_init="reward"` (N(0, 1/sqrt(D + 1)), the default) or `"zeros"`.
+  `head_init="reward"` (N(0, 1/sqrt(D + 1)), the default) or `"zeros"`. The loader does not
+  refuse a folder without a head (the reward-model stage starts from one on purpose): callers
+  that need a trained head check `has_score_head` first (`jax_ppo.runs.ppo` does).
 
   Args:
     path: checkpoint folder.

@@ -239,3 +239,13 @@ def test_missing_weights_file(tmp_path, hf_checkpoint):
   os.remove(os.path.join(dst, "model.safetensors"))
   with pytest.raises(FileNotFoundError, match="model.safetensors"):
     models.from_pretrained(dst)
+
+
+def test_has_score_head_tells_a_reward_model_from_a_causal_lm(hf_checkpoint, saved):
+  """From the files' headers only: a one-label `*ForSequenceClassification` checkpoint (or a
+  sharded causal LM's index) is told apart without loading a tensor."""
+  _, reward = hf_checkpoint("llama2", seq_cls=True, num_labels=1)
+  _, causal = hf_checkpoint("llama2")
+  assert models.has_score_head(reward)
+  assert not models.has_score_head(causal)
+  assert not models.has_score_head(saved[True])  # sharded: read from the index
