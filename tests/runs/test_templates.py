@@ -15,16 +15,16 @@ from jax_ppo.cli import main
 from jax_ppo.config_io import field_docs
 from jax_ppo.models import LoRAConfig
 from jax_ppo.parallel.mesh import MeshConfig
-from jax_ppo.runs.pipeline import load_pipeline
 from jax_ppo.runs.dpo import DPORunConfig, load_dpo_config
+from jax_ppo.runs.pipeline import load_pipeline
 from jax_ppo.runs.ppo_config import RunConfig, load_run_config
 from jax_ppo.runs.reward import RewardRunConfig, load_reward_config
 from jax_ppo.runs.sft import SFTRunConfig, load_sft_config
 from jax_ppo.runs.templates import (
-    PIPELINE_WIRED,
-    config_sections,
-    config_template,
-    required_fields,
+  PIPELINE_WIRED,
+  config_sections,
+  config_template,
+  required_fields,
 )
 
 REQUIRED = {
