@@ -20,6 +20,8 @@ from jax_ppo.models.config import ModelConfig
 from jax_ppo.training.optim import make_optimizer
 from jax_ppo.training.state import init_stage_state
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 MODEL = ModelConfig(
     model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,

@@ -18,6 +18,8 @@ from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.training import RunOptions
 
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 MODEL = ModelConfig(
     model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
@@ -129,6 +131,16 @@ def test_bad_records_and_configs_name_the_field():
     DPOTrainer(config(), model, train_data=[{**good, "prompt": []}])
   with pytest.raises(ValueError, match="No held-out split"):
     DPOTrainer(config(), model, train_data=[good]).evaluate()
+  # A reference model: its weights, not the policy's, are the frozen reference.
+  other = CausalLM(MODEL, rngs=nnx.Rngs(5))
+  trainer = DPOTrainer(config(), model, train_data=[good], reference=other)
+  want = flat(nnx.state(other, nnx.Param))
+  assert flat(trainer.ref).keys() == want.keys()
+  for p, v in flat(trainer.ref).items():
+    np.testing.assert_array_equal(v, want[p], err_msg=p)
+  wider = CausalLM(ModelConfig(**{**MODEL.__dict__, "intermediate_size": 48}), rngs=nnx.Rngs(5))
+  with pytest.raises(ValueError, match="differ in structure or shape from the policy's"):
+    DPOTrainer(config(), model, train_data=[good], reference=wider)
   for kw, field in (({"beta": 0.0}, "beta"), ({"beta": -1}, "beta"),
                     ({"loss_type": "kto"}, "loss_type"), ({"label_smoothing": 0.5},
                                                           "label_smoothing"),
