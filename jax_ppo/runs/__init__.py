@@ -3,7 +3,7 @@
 `common` (what the runs share: the run-config base and its `run` block, record files, model
 folders, dtypes), `paths` (no run writes over what it reads), `ppo_config`
 (`RunConfig`), `ppo` (`run_training`, evaluation and export of run folders), `sft`, `reward`,
-`pipeline` (SFT -> reward model -> PPO from one file).
+`dpo`, `pipeline` (SFT -> reward model -> PPO from one file).
 """
 
 from jax_ppo.runs.ppo import build_trainer, evaluate_run, export_run, run_training
