@@ -6,16 +6,17 @@
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
     jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
+    jax-ppo dpo CONFIG [key=value ...]        # DPO on preference pairs (jax_ppo.runs.dpo)
     jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--stage STAGE] [--model NAME]
         [--json PATH]                         # compile the run for a TPU slice from this host
     jax-ppo pipeline CONFIG [key=value ...]   # SFT -> reward model -> PPO (jax_ppo.runs.pipeline)
-    jax-ppo config {train,sft,reward,pipeline} [key=value ...]  # a documented default config
+    jax-ppo config {train,sft,reward,dpo,pipeline} [key=value ...]  # a documented default config
 
 `CONFIG` is a YAML/JSON `RunConfig` (`jax_ppo.runs.ppo`); `key=value` arguments override its
 fields (`ppo.optimizer.learning_rate=1e-6`, `preset=dialogue`, `lora.rank=16`); `plan` reads the
 config of `train` (`--stage ppo`, the default), `sft` or `reward` (`--stage sft|reward`). Running
 the same `train` command again continues the run from its latest checkpoint; SIGTERM or SIGINT (a
-preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft` and `reward`
+preemption) saves a checkpoint and exits 0 with a message saying so. `train`, `sft`, `reward`, `dpo`
 join a multi-host job first when the config's `distributed` fields or the environment describe
 one, `eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
 tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
@@ -30,6 +31,9 @@ import logging
 import shlex
 import sys
 from collections.abc import Sequence
+
+RUN_CONFIGS = {"sft": "SFTRunConfig", "reward": "RewardRunConfig", "dpo": "DPORunConfig"}
+"""Offline stage verb -> the name of its run config (for the verbs' `--help`)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -122,11 +126,14 @@ def _parser() -> argparse.ArgumentParser:
        "model_path=models/qwen3 train_path=sft.jsonl sft.optimizer.learning_rate=1e-5"),
       ("reward", "train, normalise and export a pairwise reward model (the reward stage)",
        "model_path=runs/sft/hf_model train_path=prefs.jsonl reward.num_epochs=2"),
+      ("dpo", "train a causal LM with DPO (IPO, hinge, cDPO) on preference pairs against a "
+              "frozen reference (the DPO stage)",
+       "model_path=runs/sft/hf_model train_path=prefs.jsonl dpo.beta=0.1"),
   ):
     stage = commands.add_parser(
         name, help=f"{what}; resumes the run in run_dir",
         description=f"{what[0].upper()}{what[1:]}. CONFIG is a YAML/JSON "
-                    f"{'SFTRunConfig' if name == 'sft' else 'RewardRunConfig'}; key=value "
+                    f"{RUN_CONFIGS[name]}; key=value "
                     f"arguments override its fields, e.g. {example}. When the run is complete "
                     "the model is exported to export_dir (default RUN_DIR/hf_model).",
     )
@@ -191,7 +198,7 @@ def _pipeline(argv: Sequence[str]) -> int:
 
 
 def _run_stage(command: str, argv: Sequence[str]) -> int:
-  """`jax-ppo sft|reward`: trains (or resumes) the stage and prints its summary as JSON."""
+  """`jax-ppo sft|reward|dpo`: trains (or resumes) the stage and prints its summary as JSON."""
   from jax_ppo.parallel.distributed import initialize
 
   if command == "sft":
@@ -200,6 +207,12 @@ def _run_stage(command: str, argv: Sequence[str]) -> int:
     config = load_sft_config(argv)
     initialize(config.distributed)  # before any JAX computation
     summary = run_sft(config)
+  elif command == "dpo":
+    from jax_ppo.runs.dpo import load_dpo_config, run_dpo
+
+    config = load_dpo_config(argv)
+    initialize(config.distributed)
+    summary = run_dpo(config)
   else:
     from jax_ppo.runs.reward import load_reward_config, run_reward
 
@@ -275,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   from jax_ppo.training.loop import RunCollapsed
 
   try:
-    if args.command in ("sft", "reward"):
+    if args.command in ("sft", "reward", "dpo"):
       return _run_stage(args.command, args.args)
     if args.command == "plan":
       return _plan(args)

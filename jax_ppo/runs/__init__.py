@@ -4,7 +4,7 @@
 folders, dtypes), `paths` (no run writes over what it reads), `context` (lengths against a
 model's context), `run_folders` (which stage wrote a run folder), `ppo_config`
 (`RunConfig`), `ppo` (`run_training`, evaluation and export of run folders), `sft`, `reward`,
-`pipeline` (SFT -> reward model -> PPO from one file).
+`dpo`, `pipeline` (SFT -> reward model -> PPO from one file).
 """
 
 from jax_ppo.runs.ppo import build_trainer, evaluate_run, export_run, run_training

@@ -311,9 +311,9 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
   """Runs what is left of an offline stage's run (at most `config.run.steps_per_run` steps).
 
   Args:
-    trainer: the stage's trainer (`SFTTrainer`, `RewardModelTrainer`).
+    trainer: the stage's trainer (`SFTTrainer`, `RewardModelTrainer`, `DPOTrainer`).
     config: the stage's run config.
-    stage: the summary's "stage" value ("sft", "reward").
+    stage: the summary's "stage" value ("sft", "reward", "dpo").
     train_keys: metrics of the last step copied into the summary (those it has).
 
   Returns:

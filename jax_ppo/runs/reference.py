@@ -3,8 +3,8 @@
     python -m jax_ppo.runs.reference docs          # rewrite docs/runs.md and docs/presets.md
     python -m jax_ppo.runs.reference docs --check  # exit 1 if either differs from the code
 
-`runs_reference()` is every field of the config files of `jax-ppo train`, `sft`, `reward` and
-`pipeline`: one Markdown table per config block (`ppo`, `ppo.sampling`, `run`, `mesh`, ...), each
+`runs_reference()` is every field of the config files of `jax-ppo train`, `sft`, `reward`,
+`dpo` and `pipeline`: one Markdown table per config block (`ppo`, `ppo.sampling`, `run`, `mesh`, ...), each
 row the field's dotted key, type, default (as the verb's own loader fills it, the values
 `jax-ppo config VERB` prints) and documentation (the attribute docstrings that `jax-ppo config`
 writes as comments, `jax_ppo.config_io.field_docs`). `presets_reference()` is the scenario
@@ -57,7 +57,7 @@ def runs_reference() -> str:
       "# Run config reference",
       "",
       *_wrap("Every field of the config files read by `jax-ppo train`, `jax-ppo sft`, `jax-ppo "
-             "reward` and `jax-ppo pipeline`, with its default (as the command's own loader fills "
+             "reward`, `jax-ppo dpo` and `jax-ppo pipeline`, with its default (as the command's own loader fills "
              "it) and its documentation. `jax-ppo config VERB` prints the same fields as a YAML "
              "file to start from, each documented in a comment (`jax-ppo config train > "
              "run.yaml`); `key=value` arguments set any field by its dotted key "
@@ -67,7 +67,7 @@ def runs_reference() -> str:
       "",
   ]
   seen: dict[tuple[type, str], str] = {}
-  for verb in ("train", "sft", "reward"):
+  for verb in ("train", "sft", "reward", "dpo"):
     stage = VERB_STAGES[verb]
     cls = STAGE_CONFIGS[stage]
     lines += [f"## `jax-ppo {verb}`: `{cls.__name__}`", ""]

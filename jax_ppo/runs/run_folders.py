@@ -3,7 +3,8 @@
 Every run folder holds the configuration it was trained with, whole (`config.yaml`, written by
 the run loop with `jax_ppo.config_io.save_config`): a PPO run's (`jax-ppo train`) has the `ppo`
 block, an SFT run's (`jax-ppo sft`) the `sft` block, a reward-model run's (`jax-ppo reward`) the
-`reward` block, and no run config has another's block. `run_folder_stage` reads which stage that
+`reward` block, a DPO run's (`jax-ppo dpo`) the `dpo` block, and no run config has another's
+block. `run_folder_stage` reads which stage that
 is; `check_run_folder_stage` refuses, before anything loads, a folder of another stage given to a
 verb (`jax-ppo eval` or `export` pointed at an SFT run, `jax-ppo train` resuming a reward-model
 run's folder), naming the stage that wrote it and what to give instead.
@@ -16,7 +17,8 @@ import pathlib
 
 from jax_ppo.config_io import CONFIG_FILENAME, read_config_file
 
-STAGE_COMMANDS = {"ppo": "jax-ppo train", "sft": "jax-ppo sft", "reward": "jax-ppo reward"}
+STAGE_COMMANDS = {"ppo": "jax-ppo train", "sft": "jax-ppo sft", "reward": "jax-ppo reward",
+                  "dpo": "jax-ppo dpo"}
 """Stage -> the command that trains it (and writes its run folders)."""
 
 

@@ -1,5 +1,6 @@
-"""Which stage a run config describes: PPO (`jax-ppo train`), SFT (`jax-ppo sft`) or the reward
-model (`jax-ppo reward`), for the commands that read any of them (`jax-ppo plan --stage`).
+"""Which stage a run config describes: PPO (`jax-ppo train`), SFT (`jax-ppo sft`), the reward
+model (`jax-ppo reward`) or DPO (`jax-ppo dpo`), for the commands that read any of them
+(`jax-ppo plan --stage`, `jax-ppo config`).
 
 A config file does not name its stage. Its top-level keys tell PPO (`policy_path`,
 `prompts_path`, `ppo`) from the offline stages (`model_path`, `train_path`), and an `sft` or
@@ -15,16 +16,20 @@ import dataclasses
 from collections.abc import Sequence
 
 from jax_ppo.config_io import parse_override, read_config_file
+from jax_ppo.runs.dpo import DPORunConfig, load_dpo_config
 from jax_ppo.runs.ppo_config import RunConfig, load_run_config
 from jax_ppo.runs.reward import RewardRunConfig, load_reward_config
 from jax_ppo.runs.run_folders import STAGE_COMMANDS
 from jax_ppo.runs.sft import SFTRunConfig, load_sft_config
 
 STAGES = ("ppo", "sft", "reward")
-"""The stages a run config can describe."""
-STAGE_CONFIGS = {"ppo": RunConfig, "sft": SFTRunConfig, "reward": RewardRunConfig}
+"""The stages `jax-ppo plan --stage` plans and `check_stage` tells apart. DPO (`jax-ppo dpo`) has
+a run config below (for `jax-ppo config dpo`) but no plan yet, so it is not one of them."""
+STAGE_CONFIGS = {"ppo": RunConfig, "sft": SFTRunConfig, "reward": RewardRunConfig,
+                 "dpo": DPORunConfig}
 """Stage -> its run-config class."""
-STAGE_LOADERS = {"ppo": load_run_config, "sft": load_sft_config, "reward": load_reward_config}
+STAGE_LOADERS = {"ppo": load_run_config, "sft": load_sft_config, "reward": load_reward_config,
+                 "dpo": load_dpo_config}
 """Stage -> the loader of its run config from a file and `key=value` overrides."""
 
 
@@ -79,7 +84,7 @@ def check_stage(stage: str, argv: Sequence[str]) -> None:
 
 
 def load_stage_run_config(stage: str, argv: Sequence[str]
-                          ) -> RunConfig | SFTRunConfig | RewardRunConfig:
+                          ) -> RunConfig | SFTRunConfig | RewardRunConfig | DPORunConfig:
   """The run config of `stage` from at most one file and `key=value` overrides, after
   `check_stage` (so a config of another kind is one line naming its kind, not an unknown key)."""
   check_stage(stage, argv)

@@ -1,4 +1,4 @@
-"""Starting config files: `jax-ppo config {train,sft,reward,pipeline}` prints one.
+"""Starting config files: `jax-ppo config {train,sft,reward,dpo,pipeline}` prints one.
 
     jax-ppo config train > run.yaml        # every RunConfig field at its default, documented
     jax-ppo train run.yaml run_dir=runs/ppo policy_path=models/sft prompts_path=prompts.jsonl \\
@@ -30,9 +30,9 @@ from jax_ppo.config_io import config_to_dict, documented_yaml, parse_override
 from jax_ppo.runs.pipeline import PipelineEval
 from jax_ppo.runs.stages import STAGE_CONFIGS, STAGE_LOADERS
 
-VERBS = ("train", "sft", "reward", "pipeline")
+VERBS = ("train", "sft", "reward", "dpo", "pipeline")
 """The `jax-ppo` verbs that read a config file, in the order `jax-ppo config` lists them."""
-VERB_STAGES = {"train": "ppo", "sft": "sft", "reward": "reward"}
+VERB_STAGES = {"train": "ppo", "sft": "sft", "reward": "reward", "dpo": "dpo"}
 """Verb -> the stage (`jax_ppo.runs.stages`) whose run config it reads."""
 PLACEHOLDERS = {
     "run_dir": "runs/{stage}",
@@ -108,7 +108,8 @@ def sections_help(verb: str) -> str:
 
 
 def config_template(verb: str, overrides: Sequence[str] = ()) -> str:
-  """The documented default config of `verb` ("train", "sft", "reward" or "pipeline") as YAML,
+  """The documented default config of `verb` ("train", "sft", "reward", "dpo" or "pipeline") as
+  YAML,
   with `key=value` `overrides` applied (see the module doc).
 
   Raises:

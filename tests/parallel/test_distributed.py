@@ -121,10 +121,11 @@ def test_other_processes_write_no_logs(tmp_path):
   assert (tmp_path / "run0" / "metrics.jsonl").read_text().strip() == '{"step": 1, "a": 1.0}'
 
 
-@pytest.mark.parametrize("command", ["train", "sft", "reward"])
+@pytest.mark.parametrize("command", ["train", "sft", "reward", "dpo"])
 def test_the_cli_joins_before_training(monkeypatch, capsys, command):
-  """`jax-ppo train|sft|reward` hand the config's `distributed` to `initialize` first."""
+  """`jax-ppo train|sft|reward|dpo` hand the config's `distributed` to `initialize` first."""
   from jax_ppo import cli
+  from jax_ppo.runs import dpo as dpo_run
   from jax_ppo.runs import ppo as run
   from jax_ppo.runs import reward as reward_run
   from jax_ppo.runs import sft as sft_run
@@ -133,12 +134,14 @@ def test_the_cli_joins_before_training(monkeypatch, capsys, command):
   monkeypatch.setattr(distributed, "initialize", lambda config: calls.append(("init", config)))
   fake = {"run_training": (run, "run_training", lambda config: calls.append(("train",)) or []),
           "sft": (sft_run, "run_sft", lambda config: calls.append(("train",)) or {}),
-          "reward": (reward_run, "run_reward", lambda config: calls.append(("train",)) or {})}
+          "reward": (reward_run, "run_reward", lambda config: calls.append(("train",)) or {}),
+          "dpo": (dpo_run, "run_dpo", lambda config: calls.append(("train",)) or {})}
   module, name, fn = fake["run_training" if command == "train" else command]
   monkeypatch.setattr(module, name, fn)
   given = {"train": ["policy_path=p", "prompts_path=q", "run_dir=r", "reward_function=length"],
            "sft": ["model_path=m", "train_path=t.jsonl", "run_dir=r"],
-           "reward": ["model_path=m", "train_path=t.jsonl", "run_dir=r"]}[command]
+           "reward": ["model_path=m", "train_path=t.jsonl", "run_dir=r"],
+           "dpo": ["model_path=m", "train_path=t.jsonl", "run_dir=r"]}[command]
   argv = [command, *given, "distributed.coordinator_address=10.1.2.3:7777",
           "distributed.num_processes=4", "distributed.process_id=2"]
   assert cli.main(argv) == 0, capsys.readouterr().err

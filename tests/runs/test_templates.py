@@ -1,4 +1,4 @@
-"""`jax-ppo config {train,sft,reward,pipeline}` (jax_ppo.runs.templates): the printed YAML loads
+"""`jax-ppo config {train,sft,reward,dpo,pipeline}` (jax_ppo.runs.templates): the printed YAML loads
 back with the verb's own loader to the default config once the REQUIRED fields are filled, every
 field's documentation is a comment, `--help` names the config sections, and a bad verb is one
 line. One slow test trains from the printed file on a tiny local checkpoint."""
@@ -15,15 +15,16 @@ from jax_ppo.cli import main
 from jax_ppo.config_io import field_docs
 from jax_ppo.models import LoRAConfig
 from jax_ppo.parallel.mesh import MeshConfig
+from jax_ppo.runs.dpo import DPORunConfig, load_dpo_config
 from jax_ppo.runs.pipeline import load_pipeline
 from jax_ppo.runs.ppo_config import RunConfig, load_run_config
 from jax_ppo.runs.reward import RewardRunConfig, load_reward_config
 from jax_ppo.runs.sft import SFTRunConfig, load_sft_config
 from jax_ppo.runs.templates import (
-    PIPELINE_WIRED,
-    config_sections,
-    config_template,
-    required_fields,
+  PIPELINE_WIRED,
+  config_sections,
+  config_template,
+  required_fields,
 )
 
 REQUIRED = {
@@ -31,9 +32,12 @@ REQUIRED = {
               "reward_model_path": "m/rm"},
     "sft": {"run_dir": "r/sft", "model_path": "m/base", "train_path": "sft.jsonl"},
     "reward": {"run_dir": "r/rm", "model_path": "m/base", "train_path": "prefs.jsonl"},
+    "dpo": {"run_dir": "r/dpo", "model_path": "m/base", "train_path": "prefs.jsonl"},
 }
-LOADERS = {"train": load_run_config, "sft": load_sft_config, "reward": load_reward_config}
-CLASSES = {"train": RunConfig, "sft": SFTRunConfig, "reward": RewardRunConfig}
+LOADERS = {"train": load_run_config, "sft": load_sft_config, "reward": load_reward_config,
+           "dpo": load_dpo_config}
+CLASSES = {"train": RunConfig, "sft": SFTRunConfig, "reward": RewardRunConfig,
+           "dpo": DPORunConfig}
 
 
 def _write(tmp_path, text: str, name: str = "run.yaml") -> str:
@@ -52,7 +56,7 @@ def _comment_text(text: str) -> str:
   return " ".join(" ".join(comments).split())
 
 
-@pytest.mark.parametrize("verb", ["train", "sft", "reward"])
+@pytest.mark.parametrize("verb", ["train", "sft", "reward", "dpo"])
 def test_printed_config_loads_back_to_the_defaults(verb, tmp_path):
   path = _write(tmp_path, config_template(verb))
   loaded = LOADERS[verb]([path, *_argv(REQUIRED[verb])])
@@ -60,7 +64,7 @@ def test_printed_config_loads_back_to_the_defaults(verb, tmp_path):
   assert loaded == CLASSES[verb](**{k: v for k, v in REQUIRED[verb].items()})
 
 
-@pytest.mark.parametrize("verb", ["train", "sft", "reward"])
+@pytest.mark.parametrize("verb", ["train", "sft", "reward", "dpo"])
 def test_required_fields_are_commented_out_and_marked(verb, tmp_path):
   text = config_template(verb)
   data = yaml.safe_load(text)
@@ -83,7 +87,7 @@ def test_train_needs_a_reward_source_and_says_so(tmp_path):
   assert config.reward_function == "pkg.mod:fn" and config.reward_model_path is None
 
 
-@pytest.mark.parametrize("verb", ["train", "sft", "reward"])
+@pytest.mark.parametrize("verb", ["train", "sft", "reward", "dpo"])
 def test_every_field_documentation_is_a_comment(verb):
   text = _comment_text(config_template(verb))
   classes = [CLASSES[verb], *(c for c in _nested_classes(CLASSES[verb]))]
@@ -167,7 +171,7 @@ def test_cli_config_bogus_is_one_line(capsys):
   captured = capsys.readouterr()
   assert captured.out == ""
   assert captured.err.count("\n") == 1
-  assert "bogus" in captured.err and "train, sft, reward, pipeline" in captured.err
+  assert "bogus" in captured.err and "train, sft, reward, dpo, pipeline" in captured.err
 
 
 @pytest.mark.parametrize("verb, sections", [

@@ -1,0 +1,243 @@
+r"""Direct preference optimisation (DPO), the offline alternative to a reward model and PPO:
+`DPOTrainer`, the host side.
+
+A causal-LM policy :math:`\pi_\theta` learns from preference pairs directly (Rafailov et al.
+2023), minimising over the pairs
+
+.. math::
+   \mathcal{L} = -\log\sigma\Bigl(\beta\bigl[(\log\pi_\theta(y_c|x) - \log\pi_{ref}(y_c|x))
+   - (\log\pi_\theta(y_r|x) - \log\pi_{ref}(y_r|x))\bigr]\Bigr)
+
+or its IPO, hinge and cDPO forms (`jax_ppo.core.dpo_loss`), where the reference
+:math:`\pi_{ref}` is the starting policy, frozen (or another model of the same architecture:
+`reference=`); for a LoRA policy the reference is its base weights, the adapters off. The
+compiled steps are `jax_ppo.dpo.steps`, the pairs and their encoding `jax_ppo.dpo.pairs`.
+
+`DPOTrainer` reads the same preference records as the reward-model stage (text or chats, explicit
+or implicit prompt), holds out a split, orders the batches with the training kit
+(`batch_rows(..., epoch_end="wrap")`: `[seed, epoch]`-seeded permutations, so the step count
+alone fixes the data position and a resumed run sees the batches of the uninterrupted one),
+evaluates (the per-pair means of the loss and TRL's metrics, under `eval/`) and exports the
+policy as a Hugging Face causal-LM folder (LoRA merged). With a `run_dir` the shared `RunLoop`
+writes `config.yaml`, `metrics.jsonl`, checkpoints and a progress bar, and resumes from the
+latest checkpoint; the reference is not checkpointed (it is the starting model, given again).
+On a device mesh (`mesh=`) the parameters, the reference and the optimizer state are split by
+the logical-axis rules and each batch's rows over `data` x `fsdp`; several processes each put
+their own rows of each batch into the global arrays (`jax_ppo.parallel.host_rows`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jax_ppo.checkpoint import RunCheckpointer
+from jax_ppo.dpo.config import DPOConfig
+from jax_ppo.dpo.pairs import DPOPairs, PairEncoder, eval_chunks
+from jax_ppo.dpo.steps import DPOSteps, split_trainable
+from jax_ppo.models.lora import has_lora
+from jax_ppo.parallel import host_rows
+from jax_ppo.parallel.distributed import multi_process, require_mesh
+from jax_ppo.parallel.rules import shard_params
+from jax_ppo.training.export import export_pretrained
+from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state
+
+Array = jax.Array
+
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+           "logps/chosen", "logps/rejected")
+"""TRL's names of the DPO metrics (logged as they are in training, under `eval/` when
+evaluating)."""
+
+
+def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+class DPOTrainer(RunStage):
+  """Trains a causal LM with DPO on preference pairs, evaluates and exports it.
+
+  Args:
+    config: the run's `DPOConfig`.
+    model: the policy, a `jax_ppo.models.CausalLM` (with LoRA adapters from `add_lora` only they
+      train, and the reference is the base).
+    train_data: `DPOPairs`, or records: mappings with the prompt/chosen/rejected fields of
+      `config` (text, token ids or chats: `jax_ppo.dpo.pairs`).
+    eval_data: the held-out split, in the same forms (None: `config.eval_fraction` of
+      `train_data`, or no split).
+    tokenizer: a transformers tokenizer (text records, EOS/pad ids, export).
+    reference: the reference model (a `CausalLM` of the policy's structure); None: the policy's
+      starting weights. Not with LoRA (the reference is then the base weights).
+    run_dir, run_options, run_config: the run folder, as `SFTTrainer`'s.
+    mesh: a device mesh (`jax_ppo.parallel.make_mesh`); None: one device.
+  """
+
+  def __init__(
+      self,
+      config: DPOConfig,
+      model: nnx.Module,
+      *,
+      train_data: DPOPairs | Sequence[Any],
+      eval_data: DPOPairs | Sequence[Any] | None = None,
+      tokenizer: Any = None,
+      reference: nnx.Module | None = None,
+      run_dir: str | os.PathLike | None = None,
+      run_options: RunOptions | None = None,
+      run_config: Any = None,
+      mesh: Mesh | None = None,
+  ):
+    require_mesh(mesh, config_field="DPORunConfig.mesh", trainer="DPOTrainer")
+    self.config = c = config
+    self.tokenizer = tokenizer
+    self.mesh = mesh
+    self.lora = has_lora(model)
+    if self.lora and reference is not None:
+      raise ValueError("A LoRA policy's reference is its base weights (adapters off): drop "
+                       "reference= (DPORunConfig.reference_path), or train without LoRA.")
+    tok_pad = getattr(tokenizer, "pad_token_id", None)
+    self.pad_token_id = c.pad_token_id if c.pad_token_id is not None else (tok_pad or 0)
+    eos = c.eos_token_id if c.eos_token_id is not None else getattr(
+        tokenizer, "eos_token_id", None)
+    if eos is None and model.config.eos_token_ids:
+      eos = model.config.eos_token_ids[0]
+    if c.add_eos and eos is None:
+      raise ValueError("DPOConfig.add_eos is True but there is no EOS id: pass a tokenizer with "
+                       "an EOS token, set DPOConfig.eos_token_id, or set add_eos=False.")
+    self.encoder = PairEncoder(tokenizer, vocab_size=model.config.vocab_size,
+                               max_length=c.max_length, eos_token_id=eos, add_eos=c.add_eos,
+                               fields=(c.prompt_field, c.chosen_field, c.rejected_field))
+    self.train_pairs = self.encode(train_data, "train_data")
+    self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
+    if eval_data is None and c.eval_fraction > 0:
+      n = self.train_pairs.num_pairs
+      n_eval = max(1, round(c.eval_fraction * n))
+      if n_eval >= n:
+        raise ValueError(f"DPOConfig.eval_fraction={c.eval_fraction} holds out all {n} pairs; "
+                         "lower it or give more data.")
+      order = np.random.default_rng([c.seed, 1 << 30]).permutation(n)
+      self.eval_pairs = self.train_pairs.take(np.sort(order[:n_eval]))
+      self.train_pairs = self.train_pairs.take(np.sort(order[n_eval:]))
+    self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
+    self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
+    if c.optimizer.warmup_steps > self.total_steps:
+      raise ValueError(f"DPOConfig.optimizer.warmup_steps={c.optimizer.warmup_steps} is invalid: "
+                       f"it exceeds the run's {self.total_steps} optimizer steps; lower it or "
+                       "train longer.")
+    graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
+    if self.lora:
+      self.ref: Any = {}
+    elif reference is None:  # a frozen copy of the starting weights
+      self.ref = jax.tree.map(jnp.copy, params)
+    else:
+      _, self.ref, _ = split_trainable(reference, scan_layers=c.train_scan_layers)
+      if jax.tree.structure(self.ref) != jax.tree.structure(params) or any(
+          a.shape != b.shape for a, b in zip(jax.tree.leaves(self.ref), jax.tree.leaves(params),
+                                             strict=True)):
+        raise ValueError("The reference model's parameters differ in structure or shape from "
+                         "the policy's; give a reference of the same architecture and size.")
+    self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
+    self.steps = DPOSteps(c, graphdef=graphdef, lora=self.lora, optimizer=self.optimizer,
+                          schedule=self.schedule, mesh=mesh)
+    state = init_stage_state(self.optimizer, params)
+    if mesh is None:
+      # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
+      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
+    else:
+      self.state = shard_params(state, mesh)
+      self.rest = shard_params(self.rest, mesh)
+      self.ref = shard_params(self.ref, mesh)
+    self.run = RunLoop(
+        self, None if run_dir is None else pathlib.Path(run_dir),
+        options=run_options if run_options is not None else RunOptions(log_samples_every=0),
+        run_config=run_config if run_config is not None else config, total_steps=self.total_steps,
+        max_consecutive_skips=c.max_consecutive_skips,
+        progress_metrics=(("loss", "train/loss"), ("acc", "rewards/accuracies"),
+                          ("eval_acc", "eval/rewards/accuracies")),
+        progress_desc="dpo",
+    )
+
+  # -- data ---------------------------------------------------------------------------------
+
+  def encode(self, data: DPOPairs | Sequence[Any], name: str = "data") -> DPOPairs:
+    """`DPOPairs` from pairs (used as they are) or records; errors name the record and field."""
+    if isinstance(data, DPOPairs):
+      return jax.tree.map(lambda x: np.asarray(x, np.int32), data)
+    return self.encoder.encode(data, name=name, pad_token_id=self.pad_token_id)
+
+  def batch_index(self, step: int) -> np.ndarray:
+    """Pair indices `[batch_size]` of optimizer step `step` (0-based), every batch full."""
+    return batch_rows(self.config.seed, step, self.config.batch_size,
+                      self.train_pairs.num_pairs, epoch_end="wrap")
+
+  def place_rows(self, tree: Any) -> Any:
+    """Host rows as the compiled steps take them (global arrays of this process's rows in a
+    multi-process job)."""
+    if self.mesh is None or not multi_process():
+      return tree
+    return host_rows.place_rows(tree, self.mesh)
+
+  # -- `Stage` of `RunLoop` -------------------------------------------------------------------
+
+  def checkpoint_extra(self) -> dict[str, Any]:
+    return {"step": self.step_count, "stage": "dpo"}
+
+  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
+    """Restores the state from a checkpoint (None: the latest); returns its extra."""
+    return self.restore_stage_state(checkpointer, step, stage="dpo")
+
+  # -- training and evaluation --------------------------------------------------------------
+
+  def step(self) -> dict[str, float]:
+    """One optimizer step on the next batch of pairs (and an evaluation every `eval_every`)."""
+    batch = self.place_rows(self.train_pairs.take(self.batch_index(self.step_count)))
+    self.state, metrics = self.steps.train_step(self.state, self.rest, self.ref, batch)
+    metrics = _to_host(metrics)
+    c = self.config
+    if c.eval_every and self.eval_pairs is not None and self.step_count % c.eval_every == 0:
+      metrics.update(self.evaluate())
+    return metrics
+
+  def evaluate(self, data: DPOPairs | Sequence[Any] | None = None) -> dict[str, float]:
+    """`eval/loss`, `eval/<TRL metric>` (`METRICS`) and `eval/pairs` over every pair of `data`
+    (default: the held-out split): the per-pair means (over every process's rows)."""
+    pairs = self.eval_pairs if data is None else self.encode(data, "data")
+    if pairs is None:
+      raise ValueError("No held-out split: pass eval_data to DPOTrainer or data here, or set "
+                       "DPOConfig.eval_fraction > 0.")
+    size = min(self.config.eval_batch_size, pairs.num_pairs)
+    sums: dict[str, float] = {}
+    for index, weight in eval_chunks(pairs.num_pairs, size):
+      rows = self.place_rows((pairs.take(index), weight))
+      out = _to_host(self.steps.eval_sums(self.state.params, self.rest, self.ref, *rows))
+      sums = {k: sums.get(k, 0.0) + v for k, v in out.items()}
+    n = sums["pairs"]
+    out = {f"eval/{k}": sums[k] / n for k in ("loss", *METRICS)}
+    out["eval/pairs"] = n
+    return out
+
+  # -- export -------------------------------------------------------------------------------
+
+  def model(self) -> nnx.Module:
+    """The current policy as an NNX module."""
+    return nnx.merge(self.steps.graphdef, self.state.params, self.rest)
+
+  def export(self, path: str | os.PathLike, *, dtype=None,
+             max_shard_size: int | str | None = "5GB") -> pathlib.Path:
+    """Writes the policy as a Hugging Face causal-LM folder (LoRA merged) with the tokenizer,
+    atomically (`jax_ppo.training.export.export_pretrained`; process 0 writes)."""
+    return export_pretrained(self.model(), path, tokenizer=self.tokenizer, dtype=dtype,
+                             max_shard_size=max_shard_size)
+
+
+__all__ = ["METRICS", "DPOTrainer"]
