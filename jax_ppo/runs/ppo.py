@@ -77,6 +77,7 @@ def load_prompts(
     field: str = "RunConfig.prompts_path",
     max_tokens: int | None = None,
     lazy: bool = False,
+    too_long_fix: str = "shorten it or lower ppo.sampling.max_new_tokens",
 ) -> PromptDataset:
   """Reads and tokenizes prompts: a .txt file (one per line), or a .jsonl or .parquet file or a
   local `datasets` folder with "prompt" or "messages" records (`jax_ppo.data.read_prompts`).
@@ -91,6 +92,8 @@ def load_prompts(
     lazy: tokenize each prompt when a batch first reads it (`PromptDataset.lazy`): what each
       process of a multi-process run does, so that it tokenizes only its own rows; a prompt
       too long or empty is then reported when its batch comes.
+    too_long_fix: the fix a too-long prompt's error gives (`jax-ppo eval` cannot change the
+      run's `max_new_tokens`).
 
   Raises:
     FileNotFoundError / ValueError: naming `field`, the file, the line (or row) and the fix: no
@@ -101,8 +104,7 @@ def load_prompts(
       check_prompts_file(path, field=field), tokenizer, name=field, seed=seed,
       max_tokens=max_tokens,
       max_tokens_note=" (the policy's context minus ppo.sampling.max_new_tokens)",
-      too_long_fix="shorten it or lower ppo.sampling.max_new_tokens", configurable_fields=False,
-      lazy=lazy)
+      too_long_fix=too_long_fix, configurable_fields=False, lazy=lazy)
 
 
 def _has_tokenizer(path: str) -> bool:
@@ -408,7 +410,9 @@ def evaluate_run(
       fix=f"the run in {str(run_dir)!r} was trained with it, so give RunConfig.policy_path's "
           "config.json back the context it had")
   prompts = load_prompts(prompts_path, policy_tokenizer(config), field="--prompts",
-                         max_tokens=budget)
+                         max_tokens=budget,
+                         too_long_fix="shorten it (the run's ppo.sampling.max_new_tokens is "
+                                      "fixed by its training)")
   trainer = _bare_trainer(config)
   step = trainer.load_checkpoint(run_dir, step=step)
   raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk

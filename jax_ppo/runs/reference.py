@@ -4,8 +4,8 @@
     python -m jax_ppo.runs.reference docs --check  # exit 1 if either differs from the code
 
 `runs_reference()` is every field of the config files of `jax-ppo train`, `sft`, `reward`,
-`dpo` and `pipeline`: one Markdown table per config block (`ppo`, `ppo.sampling`, `run`, `mesh`, ...), each
-row the field's dotted key, type, default (as the verb's own loader fills it, the values
+`dpo` and `pipeline`: one Markdown table per config block (`ppo`, `ppo.sampling`, `run`, `mesh`,
+...), each row the field's dotted key, type, default (as the verb's own loader fills it, the values
 `jax-ppo config VERB` prints) and documentation (the attribute docstrings that `jax-ppo config`
 writes as comments, `jax_ppo.config_io.field_docs`). `presets_reference()` is the scenario
 presets and the hyperparameter guide (`jax_ppo.ppo.presets`). `tests/runs/test_reference.py`
@@ -57,8 +57,9 @@ def runs_reference() -> str:
       "# Run config reference",
       "",
       *_wrap("Every field of the config files read by `jax-ppo train`, `jax-ppo sft`, `jax-ppo "
-             "reward`, `jax-ppo dpo` and `jax-ppo pipeline`, with its default (as the command's own loader fills "
-             "it) and its documentation. `jax-ppo config VERB` prints the same fields as a YAML "
+             "reward`, `jax-ppo dpo` and `jax-ppo pipeline`, with its default (as the "
+             "command's own loader fills it) and its documentation. `jax-ppo config VERB` "
+             "prints the same fields as a YAML "
              "file to start from, each documented in a comment (`jax-ppo config train > "
              "run.yaml`); `key=value` arguments set any field by its dotted key "
              "(`ppo.optimizer.learning_rate=1e-6`, `lora.rank=16`, `mesh.fsdp=-1`). A block whose "

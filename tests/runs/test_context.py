@@ -149,5 +149,7 @@ def test_eval_refuses_prompts_and_max_new_tokens_past_the_context(assets, tmp_pa
   assert str(error.value).startswith(
       f"--prompts={str(long)!r}, line 2: the prompt has {CONTEXT - 3} tokens, more than the "
       f"{CONTEXT - 4} that fit"), error.value
+  assert str(error.value).endswith("; shorten it (the run's ppo.sampling.max_new_tokens is fixed "
+                                   "by its training)."), error.value
   assert _hashes(assets["root"], tmp_path / "run", run_dir) == before
   assert not (run_dir / "eval").exists()
