@@ -163,3 +163,14 @@ def test_the_checks_catch_a_violation(tmp_path, rule):
     node = tree.body[0]
     assert [a.name for a in node.names if _is_private(a.name)] == ["_MISSING"]
     assert _is_module("jax_ppo.core", "_checks") and not _is_module("jax_ppo.core", "_nothing")
+
+
+def test_test_modules_outside_packages_have_unique_names():
+  """pytest imports a test file of a folder without `__init__.py` by its bare name: two such files
+  named alike (tests/ppo/test_trainer.py, tests/dpo/test_trainer.py) make the second an import
+  error ("import file mismatch") in whichever worker collects both."""
+  names: dict[str, list[str]] = {}
+  for path in sorted((ROOT / "tests").rglob("test_*.py")):
+    if not (path.parent / "__init__.py").exists():
+      names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+  assert {n: p for n, p in names.items() if len(p) > 1} == {}

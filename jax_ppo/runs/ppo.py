@@ -140,6 +140,7 @@ def check_scalar_heads(config: RunConfig, *, critic: bool = True) -> None:
   models = [("reward_model_path", config.reward_model_path)]
   models += [(f"rewards[{i}].model_path", r.model_path) for i, r in enumerate(config.rewards)]
   for field, path in models:
+    _check_folder(field, path)
     if path is not None and not has_score_head(path):
       raise ValueError(
           f"RunConfig.{field}={path!r} is a causal-LM checkpoint without a score head (its "

@@ -64,7 +64,7 @@ def test_lora_sft_on_a_mesh_equals_the_single_device_run(lora_result):
   assert any("fsdp" in s for s in r["base_specs"]) and any("tensor" in s for s in r["base_specs"])
   for a, b in zip(*r["metrics"], strict=True):
     for key in a:
-      assert b[key] == pytest.approx(a[key], abs=TOL), key
+      assert b[key] == pytest.approx(a[key], rel=TOL, abs=TOL), key  # (perplexity: relative)
   eval1, eval8 = r["eval"]
   for key in eval1:
     assert eval8[key] == pytest.approx(eval1[key], abs=TOL), key
