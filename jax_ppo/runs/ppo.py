@@ -135,6 +135,7 @@ def check_scalar_heads(config: RunConfig, *, critic: bool = True) -> None:
       that is only evaluated or exported (its critic comes from the checkpoint).
 
   Raises:
+    FileNotFoundError: a reward model path that is not a model folder (no config.json).
     ValueError: one line naming the field, the path and the fix.
   """
   models = [("reward_model_path", config.reward_model_path)]
