@@ -40,7 +40,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.dpo.config import DPOConfig
 from jax_ppo.dpo.pairs import DPOPairs, PairEncoder, eval_chunks
 from jax_ppo.dpo.steps import DPOSteps, split_trainable
@@ -82,6 +81,8 @@ class DPOTrainer(RunStage):
     run_dir, run_options, run_config: the run folder, as `SFTTrainer`'s.
     mesh: a device mesh (`jax_ppo.parallel.make_mesh`); None: one device.
   """
+
+  CHECKPOINT_STAGE = "dpo"
 
   def __init__(
       self,
@@ -186,15 +187,6 @@ class DPOTrainer(RunStage):
     if self.mesh is None or not multi_process():
       return tree
     return host_rows.place_rows(tree, self.mesh)
-
-  # -- `Stage` of `RunLoop` -------------------------------------------------------------------
-
-  def checkpoint_extra(self) -> dict[str, Any]:
-    return {"step": self.step_count, "stage": "dpo"}
-
-  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
-    """Restores the state from a checkpoint (None: the latest); returns its extra."""
-    return self.restore_stage_state(checkpointer, step, stage="dpo")
 
   # -- training and evaluation --------------------------------------------------------------
 

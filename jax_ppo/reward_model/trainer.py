@@ -54,7 +54,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.preferences import explicit_preference, is_chat
 from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.heads import ScalarModel
@@ -120,6 +119,8 @@ class RewardModelTrainer(RunStage):
       are placed by the logical-axis rules and every batch's rows split over `data` x `fsdp`;
       required in a multi-process job. None: one device.
   """
+
+  CHECKPOINT_STAGE = "reward_model"
 
   def __init__(
       self,
@@ -295,15 +296,6 @@ class RewardModelTrainer(RunStage):
     if self.mesh is None or not multi_process():
       return tree
     return host_rows.place_rows(tree, self.mesh)
-
-  # -- `Stage` of `RunLoop` -------------------------------------------------------------------
-
-  def checkpoint_extra(self) -> dict[str, Any]:
-    return {"step": self.step_count, "stage": "reward_model"}
-
-  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
-    """Restores the state from a checkpoint (None: the latest); returns its extra."""
-    return self.restore_stage_state(checkpointer, step, stage="reward_model")
 
   # -- training and evaluation --------------------------------------------------------------
 

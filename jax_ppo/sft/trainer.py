@@ -34,7 +34,6 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.data.sft import (
     SFTExample,
     SFTRows,
@@ -86,6 +85,8 @@ class SFTTrainer(RunStage):
 
   Steps are counted in optimizer steps; the metrics of the first have step 1.
   """
+
+  CHECKPOINT_STAGE = "sft"
 
   def __init__(
       self,
@@ -218,15 +219,6 @@ class SFTTrainer(RunStage):
         input_ids=taken.input_ids, attention_mask=taken.attention_mask, positions=taken.positions,
         segment_ids=taken.segment_ids if packed else None, targets=taken.targets,
         loss_mask=taken.loss_mask), self.mesh)
-
-  # -- run folder (the `Stage` of `RunLoop`) ------------------------------------------------
-
-  def checkpoint_extra(self) -> dict[str, Any]:
-    return {"stage": "sft", "step": self.step_count}
-
-  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
-    """Restores the `StageState` of a checkpoint (None: the latest); returns its extra."""
-    return self.restore_stage_state(checkpointer, step, stage="sft")
 
   # -- training and evaluation --------------------------------------------------------------
 

@@ -39,7 +39,7 @@ import pathlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -182,6 +182,10 @@ class RunStage:
   state: Any
   total_steps: int
   preempted: str | None = None
+  CHECKPOINT_STAGE: ClassVar[str | None] = None
+  """The `stage` mark that `checkpoint_extra` writes into this trainer's checkpoints and
+  `restore_checkpoint` requires of them ("sft", "reward_model", "dpo"); a trainer that leaves it
+  None (PPO) defines both methods itself."""
 
   @property
   def run_dir(self) -> pathlib.Path | None:
@@ -199,6 +203,14 @@ class RunStage:
 
   def checkpoint_arrays(self) -> dict[str, Any]:
     return {}
+
+  def checkpoint_extra(self) -> dict[str, Any]:
+    return {"stage": self.CHECKPOINT_STAGE, "step": self.step_count}
+
+  def restore_checkpoint(self, checkpointer: RunCheckpointer, step: int | None) -> dict:
+    """Restores the state of a checkpoint (None: the latest) of this stage
+    (`CHECKPOINT_STAGE`); returns its extra."""
+    return self.restore_stage_state(checkpointer, step, stage=self.CHECKPOINT_STAGE)
 
   def restore_stage_state(self, checkpointer: RunCheckpointer, step: int | None, *,
                           stage: str) -> dict:
