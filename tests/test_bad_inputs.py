@@ -105,9 +105,10 @@ def _train_fails(files, tmp_path, capsys, *args) -> str:
         ("empty.txt", b"", r"empty.txt' holds no prompts; give a .txt file"),
         ("blank.jsonl", b"\n  \n", r"blank.jsonl' holds no prompts"),
         ("empty_prompt.jsonl", b'{"prompt": "the movie"}\n{"prompt": "  "}\n',
-         r"empty_prompt.jsonl', line 2: the prompt is empty; give some text or remove the line"),
+         r"empty_prompt.jsonl', line 2: \"prompt\" \(the prompt\) is empty or only whitespace; "
+         r"give some text or remove the line"),
         ("empty_messages.jsonl", b'{"prompt": "a"}\n\n{"messages": []}\n',
-         r"line 3: \"messages\" is empty"),
+         r"line 3: \"messages\" is an empty chat"),
         ("utf8.txt", b"the movie\nthe \xff film\n", r"utf8.txt', line 2: not valid UTF-8 "
                                                      r"\(byte b'\\xff' at column 5\); save the "
                                                      r"file as UTF-8"),
@@ -122,7 +123,7 @@ def _train_fails(files, tmp_path, capsys, *args) -> str:
         ("num.jsonl", b'{"prompt": 123}\n', r"line 1: \"prompt\" must be a string, got 123 "
                                             r"\(int\)"),
         ("chat.jsonl", b'{"messages": "hi"}\n', r"line 1: \"messages\" must be a list of "
-                                                r"\{\"role\", \"content\"\} objects, got 'hi'"),
+                                                r"\{\"role\", \"content\"\} messages, got 'hi'"),
         ("long.txt", b"the movie\nthe movie was very very very long\n",
          r"long.txt', line 2: the prompt has 7 tokens, more than the 6 that fit \(the policy's "
          r"context minus ppo.sampling.max_new_tokens\); shorten it or lower "

@@ -170,21 +170,26 @@ def _write(path: pathlib.Path, text: str) -> str:
     ("sft", ["sft.batch_size=0"], "SFTConfig.batch_size=0 is invalid"),
     ("sft", ["train_path=MISSING.jsonl"], "SFTRunConfig.train_path='MISSING.jsonl': no such file"),
     ("sft", ["train_path=BAD_SUFFIX"], "unsupported suffix '.csv'"),
-    ("sft", ["train_path=NO_RESPONSE"], 'line 2: the record has no "messages" or "response"'),
+    ("sft", ["train_path=NO_RESPONSE"], 'line 2: expected an object with "prompt" and "response" '
+                                        'or "completion" strings (or chats) or a "messages" list, '
+                                        "got keys ['prompt', 'answer']"),
     ("sft", ["train_path=BAD_JSON"], "line 3, column"),
     ("sft", ["train_path=BOTH"], "both.jsonl', line 2: the record has both 'response' and "
                                  "'completion'"),
     ("sft", ["model_path=NOT_A_MODEL"], "SFTRunConfig.model_path="),
     ("reward", ["normalise_samples=0"], "RewardRunConfig.normalise_samples=0 is invalid"),
     ("reward", ["reward.chosen_feild=x"], "Did you mean 'chosen_field'"),
-    ("reward", ["train_path=NO_REJECTED"], 'line 1: the record has no "rejected"'),
-    # The trainers' own checks of a record name its file and line too.
-    ("sft", ["train_path=CHAT_AND_TEXT"], "chat.jsonl', line 2: field 'prompt' is a chat but "
-                                          "'response' is not"),
+    ("reward", ["train_path=NO_REJECTED"], 'line 1: expected an object with "prompt", "chosen" '
+                                           "and \"rejected\" fields, got keys ['prompt', "
+                                           "'chosen']; name the record's field with "
+                                           "reward.rejected_field=..."),
+    # The trainers' checks of a record (made when the file is read) name its file and line.
+    ("sft", ["train_path=CHAT_AND_TEXT"], "chat.jsonl', line 2: \"prompt\" is a chat but "
+                                          "\"response\" is not"),
     ("reward", ["train_path=CHAT_AND_TEXT"], "chat.jsonl', line 2: \"chosen\" is a chat but "
                                              "\"rejected\" is not"),
-    ("reward", ["train_path=BAD_MARGIN"], "m.jsonl', line 1, field 'margin'='big' must be a "
-                                          "finite number"),
+    ("reward", ["train_path=BAD_MARGIN"], "m.jsonl', line 1: \"margin\" must be a finite number "
+                                          ">= 0, got 'big' (str); leave it out for 0."),
 ])
 def test_bad_inputs_get_one_line_naming_the_field(stage, extra, message, assets, tmp_path,
                                                   capsys):
@@ -461,6 +466,7 @@ def test_stage_records_from_parquet_and_datasets_folders(tmp_path):
   import pyarrow as pa
   import pyarrow.parquet as pq
 
+  from jax_ppo.data.records import sft_record
   from jax_ppo.runs.common import read_records
 
   rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": "d"}]
@@ -470,11 +476,11 @@ def test_stage_records_from_parquet_and_datasets_folders(tmp_path):
   datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
   for name in ("r.jsonl", "r.json", "r.parquet", "ds"):
     got = read_records(str(tmp_path / name), field="SFTRunConfig.train_path",
-                       required=("prompt", "response"))
+                       check=sft_record)
     assert got == rows, name
   pq.write_table(pa.Table.from_pylist([rows[0], {"prompt": "e", "response": None}]),
                  tmp_path / "bad.parquet")
-  with pytest.raises(ValueError, match=r"SFTRunConfig.train_path=.*bad\.parquet.*row 1.*"
-                                       r"no \"response\""):
+  with pytest.raises(ValueError, match=r"SFTRunConfig.train_path=.*bad\.parquet', row 1: "
+                                       r"expected an object .* got keys \['prompt'\]"):
     read_records(str(tmp_path / "bad.parquet"), field="SFTRunConfig.train_path",
-                 required=("prompt", "response"))
+                 check=sft_record)

@@ -20,9 +20,11 @@ trainers consume, with the trainers' default field names:
 
 Field names are configurable (`prompt_field="question"` reads the file's `question` column and
 returns it as `prompt`). Every malformed record is one `ValueError` naming the file, the line or
-row, the field and the fix: invalid JSON, bytes that are not UTF-8, a missing field (with the
-nearest existing key), a wrong type, an empty text. A held-out split is the trainers' own
-`eval_fraction` (seeded), so none is made here.
+row, the field and the fix: invalid JSON, bytes that are not UTF-8, and what
+`jax_ppo.data.records` refuses in every record, read here or handed to a trainer (a missing
+field with the nearest existing key, a wrong type, an empty text, a malformed chat or role, an
+identical pair, a margin out of range). A held-out split is the trainers' own `eval_fraction`
+(seeded), so none is made here.
 
 Nothing is ever downloaded: a path that does not exist locally (a Hub id such as `org/name`, a
 URL) is refused. Parquet needs `pyarrow`, dataset folders `datasets` (`pip install
@@ -31,18 +33,24 @@ URL) is refused. Parquet needs `pyarrow`, dataset folders `datasets` (`pip insta
 
 from __future__ import annotations
 
-import difflib
 import json
-import math
 import os
 import pathlib
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from jax_ppo.data.preferences import explicit_preference
 from jax_ppo.data.prompts import PromptDataset
-from jax_ppo.data.sft import SFTExample, encode_record, response_field_of, response_fields
+from jax_ppo.data.records import (
+    Record,
+    preference_form,
+    preference_record,
+    prompt_form,
+    prompt_record,
+    sft_form,
+    sft_record,
+)
+from jax_ppo.data.sft import SFTExample, encode_record
 
 RECORD_SUFFIXES = (".jsonl", ".parquet")
 """File suffixes of record files (besides `datasets` folders)."""
@@ -53,21 +61,6 @@ PROMPT_FORMATS = ('a .txt file (one prompt per line), or a .jsonl file, a .parqu
                   'local Hugging Face datasets folder (save_to_disk) with a "prompt" string or '
                   'a "messages" list per record')
 _INSTALL = "pip install 'jax_ppo[data]'"
-
-
-class Record(NamedTuple):
-  """One record and where it came from.
-
-  Attributes:
-    where: the file and line (JSONL, .txt, from 1) or row (Parquet, datasets, from 0), as error
-      messages name it.
-    data: the record, a plain dict (Parquet/datasets: null columns included as None).
-    raw: the JSONL line (shown in errors), None for other formats.
-  """
-
-  where: str
-  data: dict[str, Any]
-  raw: str | None = None
 
 
 # -- paths ----------------------------------------------------------------------------------------
@@ -246,84 +239,7 @@ def read_records(
   return out
 
 
-# -- checking fields ------------------------------------------------------------------------------
-
-
-def _value(record: Record, field: str) -> Any:
-  return record.data.get(field)  # absent and null (a Parquet/datasets column) alike
-
-
-def _missing(record: Record, want: str, field: str, option: str | None,
-             known: Sequence[str] = ()) -> ValueError:
-  """The error of a record without `field`: its keys, the nearest one (not among `known`, the
-  fields already read) and how to rename it."""
-  keys = [str(k) for k, v in record.data.items() if v is not None]
-  spare = [k for k in keys if k not in known]
-  close = difflib.get_close_matches(field, spare, n=1, cutoff=0.5)
-  hint = f"; rename {close[0]!r} to \"{field}\"" if close else ""
-  if option and close:
-    hint += f" (or pass {option}={close[0]!r})"
-  elif option:
-    hint = f"; name the file's field with {option}=..."
-  raw = f" ({record.raw[:80]!r})" if record.raw is not None else ""
-  return ValueError(f"{record.where}: expected {want}, got keys {keys}{hint}{raw}.")
-
-
-def _text(record: Record, field: str, what: str) -> str:
-  value = _value(record, field)
-  if not isinstance(value, str):
-    raise ValueError(f"{record.where}: \"{field}\" must be a string, got {value!r:.60} "
-                     f"({type(value).__name__}).")
-  if not value.strip():
-    line = "line" if record.raw is not None else "row"
-    raise ValueError(f"{record.where}: the {what} is empty; give some text or remove the "
-                     f"{line}.")
-  return value
-
-
-def _messages(record: Record, field: str, *, last_role: str | None = None) -> list[dict]:
-  value = _value(record, field)
-  if not isinstance(value, list) or isinstance(value, str):
-    raise ValueError(f"{record.where}: \"{field}\" must be a list of {{\"role\", \"content\"}} "
-                     f"objects, got {value!r:.60} ({type(value).__name__}).")
-  if not value:
-    raise ValueError(f"{record.where}: \"{field}\" is empty; give at least one message.")
-  out = []
-  for k, m in enumerate(value):
-    if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(
-        m.get("content"), str):
-      raise ValueError(f"{record.where}: message {k} of \"{field}\" is {m!r:.60}; each message "
-                       "is {\"role\": str, \"content\": str}.")
-    # Other keys (e.g. "name") stay for the chat template; nulls are fields of other messages
-    # in a Parquet/datasets column of structs.
-    out.append({key: v for key, v in m.items() if v is not None})
-  if last_role is not None and out[-1]["role"] != last_role:
-    raise ValueError(f"{record.where}: the last message of \"{field}\" has role "
-                     f"{out[-1]['role']!r}; it must be the {last_role}'s response that SFT "
-                     "trains on.")
-  return out
-
-
 # -- prompts --------------------------------------------------------------------------------------
-
-
-def _prompt_want(prompt_field: str, messages_field: str) -> str:
-  return (f"an object with a \"{prompt_field}\" string or chat or a \"{messages_field}\" "
-          "list")
-
-
-def _prompt_record(record: Record, prompt_field: str, messages_field: str,
-                   option: bool) -> dict[str, Any]:
-  if _value(record, prompt_field) is None and isinstance(_value(record, messages_field), list):
-    return {"messages": _messages(record, messages_field)}
-  if isinstance(_value(record, prompt_field), list):  # TRL's conversational prompt
-    return {"messages": _messages(record, prompt_field)}
-  if _value(record, prompt_field) is not None:
-    return {"prompt": _text(record, prompt_field, "prompt")}
-  if _value(record, messages_field) is not None:
-    _messages(record, messages_field)  # raises: not a list
-  raise _missing(record, _prompt_want(prompt_field, messages_field), prompt_field,
-                 "prompt_field" if option else None, (messages_field,))
 
 
 def read_prompt_records(
@@ -340,9 +256,9 @@ def read_prompt_records(
     ValueError: naming the file, line or row, field and fix (see the module docstring), or a
       file without prompts.
   """
-  out = [_prompt_record(r, prompt_field, messages_field, True)
+  out = [prompt_record(r, prompt_field, messages_field)
          for r in iter_records(path, name=name, text_field=prompt_field,
-                               expected=_prompt_want(prompt_field, messages_field))]
+                               expected=prompt_form(prompt_field, messages_field))]
   if not out:
     raise ValueError(f"{_label(path, name)} holds no prompts; give {PROMPT_FORMATS}.")
   return out
@@ -405,8 +321,9 @@ def read_prompts(
 
   records, ids, texts = [], [], []
   for record in iter_records(path, name=name, text_field=prompt_field,
-                             expected=_prompt_want(prompt_field, messages_field)):
-    prompt = _prompt_record(record, prompt_field, messages_field, configurable_fields)
+                             expected=prompt_form(prompt_field, messages_field)):
+    prompt = prompt_record(record, prompt_field, messages_field,
+                           option=configurable_fields)
     if lazy:
       records.append((record.where, prompt))
     else:  # (checked in file order: the first bad line is the one reported)
@@ -421,33 +338,6 @@ def read_prompts(
 
 
 # -- SFT pairs ------------------------------------------------------------------------------------
-
-
-def _sft_want(prompt_field: str, response_field: str, messages_field: str) -> str:
-  response = " or ".join(f"\"{f}\"" for f in response_fields(response_field))
-  return (f"an object with \"{prompt_field}\" and {response} strings (or chats) or a "
-          f"\"{messages_field}\" list")
-
-
-def _sft_record(record: Record, prompt_field: str, response_field: str,
-                messages_field: str) -> dict[str, Any]:
-  if _value(record, messages_field) is not None and _value(record, prompt_field) is None:
-    return {"messages": _messages(record, messages_field, last_role="assistant")}
-  want = _sft_want(prompt_field, response_field, messages_field)
-  response_field = response_field_of(record.data, response_field, record.where)
-  for field, option in ((prompt_field, "prompt_field"), (response_field, "response_field")):
-    if _value(record, field) is None:
-      raise _missing(record, want, field, option, (prompt_field, response_field, messages_field))
-  chats = [isinstance(_value(record, f), list) for f in (prompt_field, response_field)]
-  if chats[0] != chats[1]:
-    chat, other = (prompt_field, response_field) if chats[0] else (response_field, prompt_field)
-    raise ValueError(f"{record.where}: \"{chat}\" is a chat but \"{other}\" is not; give both "
-                     "as chats (lists of {\"role\", \"content\"} messages) or both as strings.")
-  if chats[0]:  # TRL's conversational prompt and completion
-    return {"prompt": _messages(record, prompt_field),
-            "response": _messages(record, response_field, last_role="assistant")}
-  return {"prompt": _text(record, prompt_field, "prompt"),
-          "response": _text(record, response_field, "response")}
 
 
 def read_sft_records(
@@ -466,9 +356,9 @@ def read_sft_records(
   Raises:
     ValueError: naming the file, line or row, field and fix, or a file without records.
   """
-  out = [_sft_record(r, prompt_field, response_field, messages_field)
+  out = [sft_record(r, prompt_field, response_field, messages_field)
          for r in iter_records(path, name=name,
-                               expected=_sft_want(prompt_field, response_field, messages_field))]
+                               expected=sft_form(prompt_field, response_field, messages_field))]
   if not out:
     raise ValueError(f"{_label(path, name)} holds no records; give {RECORD_FORMATS}.")
   return out
@@ -489,9 +379,9 @@ def read_sft_examples(
   tokenizer errors, e.g. a chat template that cannot be split, also name the file and line;
   `add_eos` and `assistant_turns` as there)."""
   out = []
-  want = _sft_want(prompt_field, response_field, messages_field)
+  want = sft_form(prompt_field, response_field, messages_field)
   for record in iter_records(path, name=name, expected=want):
-    data = _sft_record(record, prompt_field, response_field, messages_field)
+    data = sft_record(record, prompt_field, response_field, messages_field)
     out.append(encode_record(data, tokenizer, add_eos=add_eos, assistant_turns=assistant_turns,
                              where=record.where))
   if not out:
@@ -523,33 +413,9 @@ def read_preference_records(
   Raises:
     ValueError: naming the file, line or row, field and fix, or a file without records.
   """
-  want = (f"an object with \"{prompt_field}\", \"{chosen_field}\" and \"{rejected_field}\" "
-          "fields")
   fields = (prompt_field, chosen_field, rejected_field)
-  out = []
-  for record in iter_records(path, name=name, expected=want):
-    chats = isinstance(_value(record, chosen_field), list)
-    for field, option in ((prompt_field, "prompt_field"), (chosen_field, "chosen_field"),
-                          (rejected_field, "rejected_field")):
-      if _value(record, field) is None and not (chats and field == prompt_field):
-        raise _missing(record, want, field, option, (*fields, margin_field))
-    good, bad = (_messages(record, field) if isinstance(_value(record, field), list) else
-                 _text(record, field, f"{what} response")
-                 for field, what in ((chosen_field, "chosen"), (rejected_field, "rejected")))
-    prompt: Any = _value(record, prompt_field)
-    if isinstance(prompt, list):
-      prompt = _messages(record, prompt_field)
-    elif not chats:
-      prompt = _text(record, prompt_field, "prompt")
-    prompt, good, bad = explicit_preference(prompt, good, bad, where=record.where, fields=fields)
-    margin = _value(record, margin_field)
-    if margin is None:
-      margin = 0.0
-    elif (not isinstance(margin, int | float) or isinstance(margin, bool)
-          or not math.isfinite(margin) or margin < 0):
-      raise ValueError(f"{record.where}: \"{margin_field}\" must be a finite number >= 0, got "
-                       f"{margin!r:.60} ({type(margin).__name__}); leave it out for 0.")
-    out.append({"prompt": prompt, "chosen": good, "rejected": bad, "margin": float(margin)})
+  out = [preference_record(r, fields, margin_field)
+         for r in iter_records(path, name=name, expected=preference_form(fields))]
   if not out:
     raise ValueError(f"{_label(path, name)} holds no records; give {RECORD_FORMATS}.")
   return out
@@ -560,7 +426,6 @@ __all__ = [
     "PROMPT_SUFFIXES",
     "RECORD_FORMATS",
     "RECORD_SUFFIXES",
-    "Record",
     "check_data_path",
     "iter_records",
     "read_preference_records",

@@ -31,13 +31,12 @@ at 0, and targets that never cross from one example into the next.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-logger = logging.getLogger("jax_ppo.data")
+from jax_ppo.data.records import Record, response_field_of, sft_record, warn_cut
 
 
 class SFTExample(NamedTuple):
@@ -106,41 +105,6 @@ def _with_eos(response: list[int], eos_token_id: int | None, add_eos: bool) -> l
   if add_eos and eos_token_id is not None and eos_token_id not in response:
     response = [*response, int(eos_token_id)]
   return response
-
-
-RESPONSE_FIELD = "response"
-"""The default name of a record's response field."""
-COMPLETION_FIELD = "completion"
-"""TRL's name of the response in its prompt-completion datasets (`{"prompt", "completion"}`,
-strings or chats), read wherever the response field is the default `RESPONSE_FIELD`."""
-
-
-def response_fields(response_field: str = RESPONSE_FIELD) -> tuple[str, ...]:
-  """The record fields that may hold the response: `("response", "completion")` for the default
-  field name, else `(response_field,)` alone."""
-  if response_field == RESPONSE_FIELD:
-    return (RESPONSE_FIELD, COMPLETION_FIELD)
-  return (response_field,)
-
-
-def response_field_of(record: Mapping[str, Any], response_field: str = RESPONSE_FIELD,
-                      where: str = "record") -> str:
-  """The field of `record` that holds its response: `response_field`, or, where that is the
-  default "response" and the record has no "response", TRL's "completion" (a None value counts
-  as absent, as a null Parquet column).
-
-  Raises:
-    ValueError: naming `where`, for a record with both "response" and "completion" (which one
-      is the response is ambiguous).
-  """
-  fields = response_fields(response_field)
-  present = [f for f in fields if record.get(f) is not None]
-  if len(present) > 1:
-    raise ValueError(
-        f"{where}: the record has both {RESPONSE_FIELD!r} and {COMPLETION_FIELD!r}; give the "
-        f"response in one of them ({COMPLETION_FIELD!r} as in TRL's prompt-completion datasets, "
-        f"or {RESPONSE_FIELD!r}), or name another field with response_field=...")
-  return present[0] if present else response_field
 
 
 ASSISTANT_TURNS = ("all", "last")
@@ -275,26 +239,20 @@ def encode_record(
       unless it already holds it.
     assistant_turns: "all": every assistant turn of a chat is a target (the user turns between
       them are context, `SFTExample.response_mask`); "last": only the last one.
-    where: how errors name the record (e.g. "train.jsonl line 12").
+    where: how errors name the record (e.g. "'train.jsonl', line 12").
+
+  Raises:
+    ValueError: naming `where`: a record `jax_ppo.data.records.sft_record` refuses (a missing or
+      empty field, a malformed chat), a chat the template cannot split (`chat_segments`), or a
+      response that tokenizes to nothing.
   """
-  if not isinstance(record, Mapping):
-    raise ValueError(f"{where}: expected a mapping (a JSON object), got {type(record).__name__}.")
-  accepted = " or ".join(repr(f) for f in response_fields(response_field))
-  response_field = response_field_of(record, response_field, where)
-  prompt, response = record.get(prompt_field), record.get(response_field)
-  if messages_field in record or isinstance(prompt, list) or isinstance(response, list):
-    if messages_field in record:
-      messages, first, field = record[messages_field], 0, messages_field
-    elif not (isinstance(prompt, list) and isinstance(response, list)):
-      chat, other = ((prompt_field, response_field) if isinstance(prompt, list) else
-                     (response_field, prompt_field))
-      raise ValueError(f"{where}: field {chat!r} is a chat but {other!r} is not; give both as "
-                       f"chats (lists of {{'role', 'content'}} turns) or both as strings.")
-    elif not response:
-      raise ValueError(f"{where}: field {response_field!r} is an empty chat; give the "
-                       "assistant's turn(s) that SFT trains on.")
+  data = sft_record(Record(where, record), prompt_field, response_field, messages_field)
+  if "messages" in data or isinstance(data["prompt"], list):
+    if "messages" in data:
+      messages, first, field = data["messages"], 0, messages_field
     else:  # a conversational prompt and completion: only the completion's turns are trained
-      messages, first, field = [*prompt, *response], len(prompt), response_field
+      messages = [*data["prompt"], *data["response"]]
+      first, field = len(data["prompt"]), response_field_of(record, response_field, where)
     segments = chat_segments(messages, tokenizer, where, field=field,
                              assistant_turns=assistant_turns, first_turn=first)
     segments[-1] = (_with_eos(segments[-1][0], tokenizer.eos_token_id, add_eos), True)
@@ -303,20 +261,8 @@ def encode_record(
     response = [t for ids, _ in segments[1:] for t in ids]
     mask = tuple(trained for ids, trained in segments[1:] for _ in ids)
     return SFTExample(tuple(segments[0][0]), tuple(response), None if all(mask) else mask)
-  missing = [f for f in (prompt_field, response_field) if f not in record]
-  if missing:
-    raise ValueError(
-        f"{where}: no field {missing[0]!r} (fields: {sorted(record)}); give "
-        f"{prompt_field!r} and {accepted} strings or a {messages_field!r} list, or "
-        "set the field names in the config."
-    )
-  for field in (prompt_field, response_field):
-    if not isinstance(record[field], str):
-      raise ValueError(
-          f"{where}: field {field!r} must be a string, got {type(record[field]).__name__}."
-      )
-  prompt = _ids(tokenizer, record[prompt_field], special=True)
-  response = _ids(tokenizer, record[response_field], special=False)
+  prompt = _ids(tokenizer, data["prompt"], special=True)
+  response = _ids(tokenizer, data["response"], special=False)
   response = _with_eos(response, tokenizer.eos_token_id, add_eos)
   if not response:
     raise ValueError(f"{where}: the response is empty, so the example has nothing to learn.")
@@ -347,30 +293,32 @@ def example_from_ids(
 # -- rows -----------------------------------------------------------------------------------------
 
 
-def _truncate(examples: Sequence[SFTExample], max_length: int) -> list[SFTExample]:
-  """Cuts the response of examples longer than `max_length` (the prompt stays whole)."""
-  out, cut = [], 0
+def _truncate(examples: Sequence[SFTExample], max_length: int,
+              places: Sequence[str] | None) -> list[SFTExample]:
+  """Cuts the response of examples longer than `max_length` (the prompt stays whole); one
+  warning names the cut examples (`places[i]`, else "Example i") and counts them."""
+  out, cut = [], []
   for i, ex in enumerate(examples):
+    where = f"Example {i}" if places is None else places[i]
     if ex.response_mask is not None and (len(ex.response_mask) != len(ex.response_ids)
                                          or not any(ex.response_mask)):
       raise ValueError(
-          f"Example {i} has a response_mask of {len(ex.response_mask)} flags "
+          f"{where} has a response_mask of {len(ex.response_mask)} flags "
           f"({sum(map(bool, ex.response_mask))} True) for {len(ex.response_ids)} response "
           "tokens; give one flag per response token, at least one True (or None: all trained).")
     if len(ex.prompt_ids) >= max_length:
       raise ValueError(
-          f"Example {i} has a prompt of {len(ex.prompt_ids)} tokens, which leaves no room for a "
+          f"{where} has a prompt of {len(ex.prompt_ids)} tokens, which leaves no room for a "
           f"response in max_length={max_length}; raise max_length or shorten the prompt."
       )
     if ex.num_tokens > max_length:
       keep = max_length - len(ex.prompt_ids)
       ex = SFTExample(ex.prompt_ids, ex.response_ids[:keep],
                       None if ex.response_mask is None else ex.response_mask[:keep])
-      cut += 1
+      cut.append(where)
     out.append(ex)
-  if cut:
-    logger.warning("%d of %d examples are longer than max_length=%d; their responses were cut "
-                   "(and lose their EOS).", cut, len(examples), max_length)
+  warn_cut(cut, len(examples), max_length=max_length, what="SFT examples",
+           how="their responses were cut (and lose their EOS)")
   return out
 
 
@@ -408,25 +356,30 @@ def _check_length(max_length: int) -> None:
 
 
 def pad_examples(
-    examples: Sequence[SFTExample], *, max_length: int, pad_token_id: int = 0
+    examples: Sequence[SFTExample], *, max_length: int, pad_token_id: int = 0,
+    places: Sequence[str] | None = None,
 ) -> SFTRows:
-  """One example per row, right-padded to `max_length` (longer responses are cut)."""
+  """One example per row, right-padded to `max_length` (longer responses are cut; errors and
+  the warning name an example by `places[i]`, e.g. "'train.jsonl', line 3", when given)."""
   _check_length(max_length)
-  return _rows([[ex] for ex in _truncate(examples, max_length)], max_length, pad_token_id)
+  return _rows([[ex] for ex in _truncate(examples, max_length, places)], max_length,
+               pad_token_id)
 
 
 def pack_examples(
-    examples: Sequence[SFTExample], *, max_length: int, pad_token_id: int = 0
+    examples: Sequence[SFTExample], *, max_length: int, pad_token_id: int = 0,
+    places: Sequence[str] | None = None,
 ) -> SFTRows:
   """Consecutive examples share a row of `max_length` slots while they fit (greedy, in order).
 
   Every example keeps its own segment id, positions from 0 and in-example targets, so a model
-  run with `segment_ids` computes each example's logits as if it were alone in its row.
+  run with `segment_ids` computes each example's logits as if it were alone in its row. Longer
+  responses are cut, as by `pad_examples`.
   """
   _check_length(max_length)
   groups: list[list[SFTExample]] = []
   used = max_length
-  for ex in _truncate(examples, max_length):
+  for ex in _truncate(examples, max_length, places):
     if used + ex.num_tokens > max_length:
       groups.append([])
       used = 0
@@ -437,8 +390,6 @@ def pack_examples(
 
 __all__ = [
     "ASSISTANT_TURNS",
-    "COMPLETION_FIELD",
-    "RESPONSE_FIELD",
     "SFTExample",
     "SFTRows",
     "chat_prompt_response",
@@ -448,6 +399,4 @@ __all__ = [
     "example_from_ids",
     "pack_examples",
     "pad_examples",
-    "response_field_of",
-    "response_fields",
 ]

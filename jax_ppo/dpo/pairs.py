@@ -10,14 +10,15 @@ and response: only response tokens enter the sequence log-probs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import struct
 
-from jax_ppo.data.preferences import explicit_preference, is_chat
+from jax_ppo.data.preferences import is_chat
+from jax_ppo.data.records import Record, preference_record, warn_cut
 from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.tokenizer import encode_chat
 
@@ -103,6 +104,7 @@ class PairEncoder:
     self.eos_token_id = eos_token_id
     self.add_eos = add_eos
     self.fields = fields
+    self.cut_records: dict[str, int] = {}  # records cut to max_length, by `encode`'s name
 
   def side(self, prompt: Any, response: Any, where: str, field: str
            ) -> tuple[list[int], list[int]]:
@@ -130,6 +132,11 @@ class PairEncoder:
     p_ids, r_ids = [int(t) for t in p_ids], [int(t) for t in r_ids]
     if self.add_eos and (not r_ids or r_ids[-1] != self.eos_token_id):
       r_ids.append(int(self.eos_token_id))
+    return p_ids, r_ids
+
+  def fit(self, p_ids: list[int], r_ids: list[int]) -> tuple[list[int], list[int]]:
+    """One side cut to `max_length`: the response loses its end first (down to `max_length -
+    1` tokens), then the prompt its start."""
     r_ids = r_ids[:self.max_length - 1]
     p_ids = p_ids[len(p_ids) + len(r_ids) - self.max_length:] if (
         len(p_ids) + len(r_ids) > self.max_length) else p_ids
@@ -147,18 +154,18 @@ class PairEncoder:
       where = f"{name}[{i}]" if places is None else places[i]
       at = (lambda f, w=where: f"{w}.{f}") if places is None else (
           lambda f, w=where: f"{w}, field {f!r}")
-      if not isinstance(record, Mapping):
-        raise ValueError(f"{where} is a {type(record).__name__}; give a mapping with fields "
-                         f"{p_field!r}, {c_field!r}, {r_field!r}.")
-      need = (c_field, r_field) + (() if is_chat(record.get(c_field)) else (p_field,))
-      missing = [f for f in need if f not in record]
-      if missing:
-        raise ValueError(f"{where} lacks field(s) {missing}; it has {sorted(record)} "
-                         "(set DPOConfig.*_field to the record's names).")
-      prompt, good, bad = explicit_preference(record.get(p_field), record[c_field],
-                                              record[r_field], where=where, fields=self.fields)
-      chosen.append(self.side(prompt, good, at(c_field), c_field))
-      rejected.append(self.side(prompt, bad, at(r_field), r_field))
+      pair = preference_record(Record(where, record), self.fields, None, token_ids=True,
+                               prefix="DPOConfig.")
+      chosen.append(self.side(pair["prompt"], pair["chosen"], at(c_field), c_field))
+      rejected.append(self.side(pair["prompt"], pair["rejected"], at(r_field), r_field))
+    cut = [i for i in range(len(chosen))
+           if max(sum(map(len, chosen[i])), sum(map(len, rejected[i]))) > self.max_length]
+    self.cut_records[name] = warn_cut(
+        [f"{name}[{i}]" if places is None else places[i] for i in cut], len(chosen),
+        max_length=self.max_length, what=f"preference pairs of {name}",
+        how="their responses lose their ends first, then their prompts their starts")
+    chosen = [self.fit(*side) for side in chosen]
+    rejected = [self.fit(*side) for side in rejected]
     return dpo_pairs(chosen, rejected, pad_token_id=pad_token_id, name=name)
 
 

@@ -118,6 +118,7 @@ class DPOTrainer(RunStage):
     self.encoder = PairEncoder(tokenizer, vocab_size=model.config.vocab_size,
                                max_length=c.max_length, eos_token_id=eos, add_eos=c.add_eos,
                                fields=(c.prompt_field, c.chosen_field, c.rejected_field))
+    self.cut_records = self.encoder.cut_records  # records cut to max_length, by argument name
     self.train_pairs = self.encode(train_data, "train_data")
     self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
     if eval_data is None and c.eval_fraction > 0:

@@ -45,7 +45,7 @@ import logging
 import math
 import os
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -54,7 +54,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_ppo.data.preferences import explicit_preference, is_chat
+from jax_ppo.data.preferences import is_chat
+from jax_ppo.data.records import Record, preference_record, warn_cut
 from jax_ppo.data.sft import chat_prompt_response
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.lora import has_lora
@@ -155,6 +156,7 @@ class RewardModelTrainer(RunStage):
       raise ValueError(
           "RewardModelConfig.add_eos is True but there is no EOS id: pass a tokenizer with an "
           "EOS token, set RewardModelConfig.eos_token_id, or set add_eos=False.")
+    self.cut_records: dict[str, int] = {}  # records cut to max_length, by argument name
     self.train_pairs = self.encode(train_data, "train_data")
     self.eval_pairs = None if eval_data is None else self.encode(eval_data, "eval_data")
     if eval_data is None and c.eval_fraction > 0:
@@ -200,7 +202,7 @@ class RewardModelTrainer(RunStage):
   # -- data ---------------------------------------------------------------------------------
 
   def _sequence(self, prompt, response, where: str, field: str) -> list[int]:
-    """Ids of prompt + response (EOS appended, start truncated to `max_length`).
+    """Ids of prompt + response (EOS appended; `encode` cuts them to `max_length`).
 
     A response is text (tokenized without special tokens), token ids, or a chat (the turns after
     a chat prompt, ending with the assistant's; see `jax_ppo.data.preferences`). A text response
@@ -235,7 +237,7 @@ class RewardModelTrainer(RunStage):
       ids.append(int(self.eos_token_id))
     if not ids:
       raise ValueError(f"{where} is empty (no prompt and no response tokens).")
-    return ids[-self.config.max_length:]
+    return ids
 
   def encode(self, data: PreferencePairs | Sequence[Any], name: str = "data") -> PreferencePairs:
     """`PreferencePairs` from pairs or records (see the class docstring); errors name the
@@ -257,25 +259,22 @@ class RewardModelTrainer(RunStage):
 
     for i, record in enumerate(data):
       where = f"{name}[{i}]" if places is None else places[i]
-      if not isinstance(record, Mapping):
-        raise ValueError(f"{where} is a {type(record).__name__}; give a mapping with fields "
-                         f"{c.prompt_field!r}, {c.chosen_field!r}, {c.rejected_field!r}.")
-      need = (c.chosen_field, c.rejected_field) + (
-          () if is_chat(record.get(c.chosen_field)) else (c.prompt_field,))
-      missing = [f for f in need if f not in record]
-      if missing:
-        raise ValueError(f"{where} lacks field(s) {missing}; it has {sorted(record)} "
-                         "(set RewardModelConfig.*_field to the record's names).")
-      prompt, good, bad = explicit_preference(
-          record.get(c.prompt_field), record[c.chosen_field], record[c.rejected_field],
-          where=where, fields=(c.prompt_field, c.chosen_field, c.rejected_field))
-      chosen.append(self._sequence(prompt, good, at(where, c.chosen_field), c.chosen_field))
-      rejected.append(self._sequence(prompt, bad, at(where, c.rejected_field), c.rejected_field))
-      margin = record.get(c.margin_field, 0.0)
-      if not isinstance(margin, (int, float)) or isinstance(margin, bool) or not math.isfinite(
-          margin):
-        raise ValueError(f"{at(where, c.margin_field)}={margin!r} must be a finite number.")
-      margins.append(float(margin))
+      fields = (c.prompt_field, c.chosen_field, c.rejected_field)
+      pair = preference_record(Record(where, record), fields, c.margin_field, token_ids=True,
+                               prefix="RewardModelConfig.")
+      chosen.append(self._sequence(pair["prompt"], pair["chosen"], at(where, c.chosen_field),
+                                   c.chosen_field))
+      rejected.append(self._sequence(pair["prompt"], pair["rejected"],
+                                     at(where, c.rejected_field), c.rejected_field))
+      margins.append(pair["margin"])
+    cut = [i for i in range(len(chosen))
+           if max(len(chosen[i]), len(rejected[i])) > c.max_length]
+    self.cut_records[name] = warn_cut(
+        [f"{name}[{i}]" if places is None else places[i] for i in cut], len(chosen),
+        max_length=c.max_length, what=f"preference pairs of {name}",
+        how="their starts were cut (the score is read at the last token)")
+    chosen = [s[-c.max_length:] for s in chosen]
+    rejected = [s[-c.max_length:] for s in rejected]
     length = max(len(s) for s in chosen + rejected)
     ci, cm = pad_batch(chosen, pad_token_id=self.pad_token_id, length=length, side="right")
     ri, rm = pad_batch(rejected, pad_token_id=self.pad_token_id, length=length, side="right")

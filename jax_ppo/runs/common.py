@@ -13,9 +13,9 @@ run resumes. The keys a run config held flat before the block (`save_every`, `up
 error naming the new key, and a run folder saved with them resumes with the same meaning.
 
 `read_records` reads the training data of a stage (JSONL, Parquet or a local `datasets` folder
-through `jax_ppo.data.iter_records`, or a JSON file holding a list of objects) and checks that
-every record has the fields the stage needs, so a malformed record is reported with the config
-field, the file and the line (or row).
+through `jax_ppo.data.iter_records`, or a JSON file holding a list of objects) and checks every
+record with the stage's check from `jax_ppo.data.records` before any weights load, so a
+malformed record is reported with the config field, the file and the line (or row).
 `load_stage_config` builds a frozen stage config from a YAML/JSON file and `key=value` overrides
 with `jax_ppo.config_io` (unknown keys are named with the nearest valid one).
 """
@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import jax.numpy as jnp
@@ -36,6 +36,7 @@ from jax_ppo.compile_cache import AUTO as AUTO_CACHE
 from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
+from jax_ppo.data.records import Record
 from jax_ppo.models import LoRAConfig, resize_token_embeddings
 from jax_ppo.parallel import distributed
 from jax_ppo.parallel.distributed import DistributedConfig
@@ -318,8 +319,9 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
 
   Returns:
     `(summary, finished)`: the summary holds "stage", "run_dir", "step", "total_steps",
-    "steps_run", "complete", "preempted", "export_dir" (None: the caller exports) and the last
-    step's `train_keys`; `finished` is True when the run is complete and was not preempted (time
+    "steps_run", "complete", "preempted", "export_dir" (None: the caller exports), "cut_records"
+    (how many training and held-out records were cut to `max_length`) and the last step's
+    `train_keys`; `finished` is True when the run is complete and was not preempted (time
     to evaluate and export).
   """
   if trainer.step_count >= trainer.total_steps:
@@ -337,6 +339,8 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
   }
   if history:
     summary.update({k: float(history[-1][k]) for k in train_keys if k in history[-1]})
+  # Records longer than max_length, cut to fit (each stage's warning names them).
+  summary["cut_records"] = int(sum(trainer.cut_records.values()))
   return summary, complete and not history.preempted
 
 
@@ -423,40 +427,34 @@ def read_records(
     path: str,
     *,
     field: str,
-    required: Sequence[str | tuple[str, ...]],
+    check: Callable[[Record], Any],
 ) -> Records:
-  """The records (JSON objects) of a .jsonl or .json file, each checked for its fields, as
-  `Records` (which name their file and line).
+  """The records (JSON objects) of a records source (`check_records_file`), each checked by
+  `check` (`jax_ppo.data.records.sft_record` or `preference_record`, with the run's field
+  names: the checks the trainer makes again, here before any weights load), as `Records`
+  (which name their file and line).
 
   Args:
-    path: the file.
+    path: the file or folder.
     field: how errors name the path (e.g. "SFTRunConfig.train_path").
-    required: field names every record must have; a tuple of names is a choice (any one of
-      them, e.g. `("messages", "prompt")`); `None` values count as missing.
+    check: raises the record's ValueError (naming its place, field and fix).
 
   Raises:
-    FileNotFoundError / ValueError: naming `field`, the file, the line (JSONL; the index in a
-      .json list) and the fix.
+    FileNotFoundError / ValueError: naming `field`, the file, the line (JSONL; the row of
+      Parquet or `datasets`; the index in a .json list) and the fix.
   """
   file = check_records_file(path, field=field)
   where = f"{field}={path!r}"
   if file.suffix.lower() == ".json":
-    rows = [(f"{where}, item {n}", r) for n, r in _json_list(file, where)]
+    rows = [Record(f"{where}, item {n}", r) for n, r in _json_list(file, where)]
   else:  # JSONL, Parquet or a datasets folder, read by jax_ppo.data
-    rows = [(r.where, r.data) for r in iter_records(file, name=field)]
+    rows = list(iter_records(file, name=field))
   records, places = [], []
-  for place, record in rows:
+  for row in rows:
+    place, record = row.where, row.data
     if not isinstance(record, dict):
       raise ValueError(f"{place}: expected a JSON object, got {type(record).__name__}.")
-    for need in required:
-      names = need if isinstance(need, tuple) else (need,)
-      if not any(record.get(name) is not None for name in names):
-        wanted = " or ".join(f'"{n}"' for n in names)
-        raise ValueError(
-            f"{place}: the record has no {wanted} (its keys: "
-            f"{sorted(map(str, record))}); add it, or name the record's own field in the config "
-            "(e.g. sft.prompt_field, reward.chosen_field)."
-        )
+    check(row)
     records.append(record)
     places.append(place)
   if not records:

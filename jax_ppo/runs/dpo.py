@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
+from jax_ppo.data.records import Record, preference_record
 from jax_ppo.dpo import DPOConfig, DPOTrainer
 from jax_ppo.models import (
   add_lora,
@@ -106,11 +107,18 @@ def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer:
   check_run_mesh("DPORunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.dpo
-  need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses
   for field in ("train_path", "eval_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"DPORunConfig.{field}")
   check_run_folder_stage(config.run_dir, "dpo", field="DPORunConfig.run_dir")
+
+  def check(record: Record) -> None:  # (the trainer's checks, before any weights load)
+    preference_record(record, (c.prompt_field, c.chosen_field, c.rejected_field), None,
+                      prefix="dpo.")
+
+  train = read_records(config.train_path, field="DPORunConfig.train_path", check=check)
+  evaluation = None if config.eval_path is None else read_records(
+      config.eval_path, field="DPORunConfig.eval_path", check=check)
   model_config = load_config(config.model_path)
   check_fits_context("DPORunConfig.dpo.max_length", c.max_length, model_config,
                      model_field="DPORunConfig.model_path", model_path=config.model_path)
@@ -130,9 +138,6 @@ def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer:
                                                               "reference")
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
-  train = read_records(config.train_path, field="DPORunConfig.train_path", required=need)
-  evaluation = None if config.eval_path is None else read_records(
-      config.eval_path, field="DPORunConfig.eval_path", required=need)
   return DPOTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
                     reference=reference, run_dir=config.run_dir,
                     run_options=config.run_options(), run_config=config, mesh=mesh)
@@ -143,9 +148,9 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
 
   Returns:
     `{"stage": "dpo", "run_dir", "step", "total_steps", "steps_run", "complete", "preempted",
-    "export_dir" (None until complete), "train/loss", "rewards/accuracies", "rewards/margins"
-    (the last step's, when a step ran), and "eval/loss", "eval/rewards/accuracies",
-    "eval/rewards/margins" with a held-out split}`.
+    "export_dir" (None until complete), "cut_records" (records cut to max_length),
+    "train/loss", "rewards/accuracies", "rewards/margins" (the last step's, when a step ran),
+    and "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins" with a held-out split}`.
   """
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_dpo_trainer(config)

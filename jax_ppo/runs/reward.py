@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
-from jax_ppo.data.preferences import explicit_preference
+from jax_ppo.data.records import Record, preference_record, prompt_record
 from jax_ppo.models import (
   add_lora,
   check_vocab_covers,
@@ -58,6 +58,7 @@ from jax_ppo.rollout.sampler import Sampler
 from jax_ppo.runs.common import (
   DTYPES,
   STAGE_OPERATIONAL_FIELDS,
+  Records,
   StageRunConfig,
   check_model_folder,
   check_records_file,
@@ -144,19 +145,21 @@ def load_reward_config(argv: Sequence[str]) -> RewardRunConfig:
   return load_stage_config(RewardRunConfig, argv)
 
 
-def _prompts(config: RewardRunConfig, train: list[dict]) -> list[Any]:
+def _prompts(config: RewardRunConfig, train: Records) -> list[Any]:
   """Distinct prompts (strings or chats) for the normalisation samples, in file order."""
   c = config.reward
   if config.normalise_prompts_path is None:
     # A conversational record without a prompt chat: the turns its two conversations share.
-    prompts = [explicit_preference(r.get(c.prompt_field), r[c.chosen_field], r[c.rejected_field],
-                                   where=f"RewardRunConfig.train_path record {i}",
-                                   fields=(c.prompt_field, c.chosen_field, c.rejected_field))[0]
-               for i, r in enumerate(train)]
+    fields = (c.prompt_field, c.chosen_field, c.rejected_field)
+    prompts = [preference_record(Record(place, r), fields, c.margin_field)["prompt"]
+               for place, r in zip(train.places, train, strict=True)]
   else:
-    prompts = [r[c.prompt_field] for r in read_records(
-        config.normalise_prompts_path, field="RewardRunConfig.normalise_prompts_path",
-        required=(c.prompt_field,))]
+    records = read_records(config.normalise_prompts_path,
+                           field="RewardRunConfig.normalise_prompts_path",
+                           check=lambda r: prompt_record(r, c.prompt_field, option=False))
+    # {"prompt": text} or {"messages": chat}: the prompt either way.
+    prompts = [next(iter(prompt_record(Record(place, r), c.prompt_field, option=False).values()))
+               for place, r in zip(records.places, records, strict=True)]
   distinct = {json.dumps(p, sort_keys=True): p for p in prompts}
   return list(distinct.values())[:config.normalise_samples]
 
@@ -231,10 +234,17 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   check_run_mesh("RewardRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.reward
-  need = (c.chosen_field, c.rejected_field)  # the prompt may be in conversational responses
   for field in ("train_path", "eval_path", "normalise_prompts_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"RewardRunConfig.{field}")
+
+  def check(record: Record) -> None:  # (the trainer's checks, before any weights load)
+    preference_record(record, (c.prompt_field, c.chosen_field, c.rejected_field),
+                      c.margin_field, prefix="reward.")
+
+  train = read_records(config.train_path, field="RewardRunConfig.train_path", check=check)
+  evaluation = None if config.eval_path is None else read_records(
+      config.eval_path, field="RewardRunConfig.eval_path", check=check)
   model_config = load_config(config.model_path)
   check_fits_context("RewardRunConfig.reward.max_length", c.max_length, model_config,
                      model_field="RewardRunConfig.model_path", model_path=config.model_path)
@@ -254,9 +264,6 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
-  train = read_records(config.train_path, field="RewardRunConfig.train_path", required=need)
-  evaluation = None if config.eval_path is None else read_records(
-      config.eval_path, field="RewardRunConfig.eval_path", required=need)
   trainer = RewardModelTrainer(c, model, train_data=train, eval_data=evaluation,
                                tokenizer=tokenizer, run_dir=config.run_dir,
                                run_options=config.run_options(), run_config=config, mesh=mesh)
@@ -270,8 +277,9 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
 
   Returns:
     `{"stage": "reward", "run_dir", "step", "total_steps", "steps_run", "complete",
-    "preempted", "export_dir" (None until complete), "train/loss", "train/accuracy" (the last
-    step's, when a step ran), "eval/accuracy" and "eval/loss" (with a held-out split), and
+    "preempted", "export_dir" (None until complete), "cut_records" (records cut to
+    max_length), "train/loss", "train/accuracy" (the last step's, when a step ran),
+    "eval/accuracy" and "eval/loss" (with a held-out split), and
     "normalisation" ({gain, bias, mean, std, samples}, when normalised)}`.
   """
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles

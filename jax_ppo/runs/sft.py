@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
-from jax_ppo.data.sft import response_fields
+from jax_ppo.data.records import Record, sft_record
 from jax_ppo.models import (
   add_lora,
   check_vocab_covers,
@@ -95,11 +95,16 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   check_run_mesh("SFTRunConfig", config.mesh)  # (before loading any model)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
   c = config.sft
-  need = ((c.messages_field, c.prompt_field),
-          (c.messages_field, *response_fields(c.response_field)))  # ("completion": TRL's)
   for field in ("train_path", "eval_path"):
     if getattr(config, field) is not None:
       check_records_file(getattr(config, field), field=f"SFTRunConfig.{field}")
+
+  def check(record: Record) -> None:  # (the trainer's checks, before any weights load)
+    sft_record(record, c.prompt_field, c.response_field, c.messages_field, prefix="sft.")
+
+  train = read_records(config.train_path, field="SFTRunConfig.train_path", check=check)
+  evaluation = None if config.eval_path is None else read_records(
+      config.eval_path, field="SFTRunConfig.eval_path", check=check)
   model_config = load_config(config.model_path)
   check_fits_context("SFTRunConfig.sft.max_length", c.max_length, model_config,
                      model_field="SFTRunConfig.model_path", model_path=config.model_path)
@@ -112,9 +117,6 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   check_vocab_covers(tokenizer, model.config)
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
-  train = read_records(config.train_path, field="SFTRunConfig.train_path", required=need)
-  evaluation = None if config.eval_path is None else read_records(
-      config.eval_path, field="SFTRunConfig.eval_path", required=need)
   return SFTTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
                     run_dir=config.run_dir, run_options=config.run_options(), run_config=config,
                     mesh=mesh)
@@ -125,8 +127,9 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
 
   Returns:
     `{"stage": "sft", "run_dir", "step", "total_steps", "steps_run", "complete", "preempted",
-    "export_dir" (None until complete), "train/loss" (the last step's, when a step ran), and the
-    held-out "eval/loss" and "eval/perplexity" when there is a held-out split}`.
+    "export_dir" (None until complete), "cut_records" (records cut to max_length),
+    "train/loss" (the last step's, when a step ran), and the held-out "eval/loss" and
+    "eval/perplexity" when there is a held-out split}`.
   """
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_sft_trainer(config)

@@ -117,9 +117,14 @@ class SFTTrainer(RunStage):
     train = self._examples(train_data, "train_data")
     if not train:
       raise ValueError("train_data is empty; give at least one example.")
+    places = self._places(train_data, "train_data")
+    # Records cut to max_length, by argument (the examples' responses are cut when rows are made).
+    self.cut_records = {"train_data": sum(ex.num_tokens > c.max_length for ex in train)}
     rng = np.random.default_rng(c.seed)
     if eval_data is not None:
       held_out = self._examples(eval_data, "eval_data")
+      held_places = self._places(eval_data, "eval_data")
+      self.cut_records["eval_data"] = sum(ex.num_tokens > c.max_length for ex in held_out)
     elif c.eval_fraction > 0:
       order = rng.permutation(len(train))
       n_eval = max(1, round(c.eval_fraction * len(train)))
@@ -129,13 +134,16 @@ class SFTTrainer(RunStage):
             "lower it or give more data."
         )
       held_out = [train[i] for i in order[:n_eval]]
-      train = [train[i] for i in np.sort(order[n_eval:])]
+      held_places = [places[i] for i in order[:n_eval]]
+      keep = np.sort(order[n_eval:])
+      train, places = [train[i] for i in keep], [places[i] for i in keep]
     else:
-      held_out = []
+      held_out, held_places = [], []
     if c.packing:  # mixes lengths in the rows; the batch order is shuffled every epoch anyway
-      train = [train[i] for i in rng.permutation(len(train))]
-    self.train_rows = self._rows(train)
-    self.eval_rows = self._rows(held_out) if held_out else None
+      order = rng.permutation(len(train))
+      train, places = [train[i] for i in order], [places[i] for i in order]
+    self.train_rows = self._rows(train, places)
+    self.eval_rows = self._rows(held_out, held_places) if held_out else None
     self.steps_per_epoch = math.ceil(self.train_rows.num_rows / c.batch_size)
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
 
@@ -200,9 +208,17 @@ class SFTTrainer(RunStage):
         )
     return out
 
-  def _rows(self, examples: list[SFTExample]) -> SFTRows:
+  @staticmethod
+  def _places(data: Sequence[Any], name: str) -> list[str]:
+    """Where each record of `data` came from: its file and line (records read from a file,
+    `jax_ppo.runs.common.Records`), else `name[i]`."""
+    places = getattr(data, "places", None)
+    return list(places) if places is not None else [f"{name}[{i}]" for i in range(len(data))]
+
+  def _rows(self, examples: list[SFTExample], places: list[str]) -> SFTRows:
     build = pack_examples if self.config.packing else pad_examples
-    return build(examples, max_length=self.config.max_length, pad_token_id=self.pad_token_id)
+    return build(examples, max_length=self.config.max_length, pad_token_id=self.pad_token_id,
+                 places=places)
 
   def batch(self, rows: SFTRows, index: np.ndarray) -> SFTBatch:
     """The batch of `rows` at `index` (`[B]`; -1 gives an empty row, no loss) on the devices.
@@ -242,7 +258,7 @@ class SFTTrainer(RunStage):
     Returns `{"eval/loss", "eval/perplexity", "eval/tokens"}`.
     """
     rows = self.eval_rows if eval_data is None else self._rows(
-        self._examples(eval_data, "eval_data"))
+        self._examples(eval_data, "eval_data"), self._places(eval_data, "eval_data"))
     if rows is None:
       raise ValueError(
           "No held-out split: pass eval_data to SFTTrainer or evaluate(), or set "

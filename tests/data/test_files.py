@@ -162,7 +162,7 @@ def test_conversational_preferences_read_as_explicit_chats(tmp_path, fmt, form):
          r"expected an object with \"prompt\", \"chosen\" and \"rejected\" fields, got keys "
          r"\['chosen', 'rejected'\]"),
         ({"prompt": USER, "chosen": [], "rejected": BAD},
-         r"\"chosen\" is empty; give at least one message"),
+         r"\"chosen\" \(the chosen response\) is empty; give at least one message"),
     ],
     ids=["mixed", "mixed_rejected", "last_role", "prefix", "no_context", "text_no_prompt",
          "empty_chat"],
@@ -290,12 +290,13 @@ def test_load_prompts_reads_every_format_and_chats(tmp_path, fmt, tok):
          r"line 1: expected an object .* got keys \['prompt', 'respons'\]; rename 'respons' to "
          r"\"response\" \(or pass response_field='respons'\)"),
         (b'{"prompt": "a", "output": "b"}\n',
-         r"line 1: .* got keys \['prompt', 'output'\]; name the file's field with "
+         r"line 1: .* got keys \['prompt', 'output'\]; name the record's field with "
          r"response_field=\.\.\. \('\{\"prompt\""),
         (b'{"prompt": "a", "response": 7}\n', r"line 1: \"response\" must be a string, got 7 "
                                               r"\(int\)"),
-        (b'{"prompt": "a", "response": " "}\n', r"line 1: the response is empty; give some text "
-                                                r"or remove the line"),
+        (b'{"prompt": "a", "response": " "}\n', r"line 1: \"response\" \(the response\) is "
+                                                r"empty or only whitespace; give some text or "
+                                                r"remove the line"),
         (b'{"messages": [{"role": "user", "content": "a"}]}\n',
          r"line 1: the last message of \"messages\" has role 'user'; it must be the assistant's"),
         (b'{"messages": [{"role": "user", "text": "a"}]}\n',
@@ -322,13 +323,14 @@ def test_malformed_jsonl_sft_records(tmp_path, content, message):
          r"{where1}: expected an object with \"prompt\", \"chosen\" and \"rejected\" fields, got "
          r"keys \['prompt', 'chosen', 'rejectd'\]; rename 'rejectd' to \"rejected\""),
         ([PREFS[0], {**PREFS[1], "chosen": ""}],
-         r"{where1}: the chosen response is empty; give some text or remove the {unit}"),
+         r"{where1}: \"chosen\" \(the chosen response\) is empty or only whitespace; give some "
+         r"text or remove the {unit}"),
         ([PREFS[0], {**PREFS[1], "margin": -1.0}],
          r"{where1}: \"margin\" must be a finite number >= 0, got -1.0 \(float\)"),
         ([PREFS[0], {**PREFS[1], "margin": math.nan}],
          r"{where1}: \"margin\" must be a finite number >= 0, got nan"),
         ([{**PREFS[0], "rejected": 3}, {**PREFS[1], "rejected": 4}],
-         r"{where0}: \"rejected\" must be a string, got 3 \(int\)"),
+         r"{where0}: \"rejected\" must be a string or a chat, got 3 \(int\)"),
     ],
 )
 def test_malformed_preference_records_in_every_format(tmp_path, fmt, records, message):
@@ -343,8 +345,9 @@ def test_malformed_preference_records_in_every_format(tmp_path, fmt, records, me
 @pytest.mark.parametrize("fmt", ["parquet", "dataset"])
 def test_malformed_rows_name_the_row_and_field(tmp_path, fmt):
   path = _write(tmp_path, fmt, [{"prompt": "the film"}, {"prompt": "  "}])
-  with pytest.raises(ValueError, match=rf"^{str(path)!r}, row 1: the prompt is empty; give some "
-                                       r"text or remove the row\.$"):
+  with pytest.raises(ValueError, match=rf"^{str(path)!r}, row 1: \"prompt\" \(the prompt\) is "
+                                       r"empty or only whitespace; give some text or remove the "
+                                       r"row\.$"):
     read_prompt_records(path)
   path = _write(tmp_path, fmt, [{"promt": "the film"}], "typo")
   with pytest.raises(ValueError, match=r"row 0: expected an object with a \"prompt\" string or "

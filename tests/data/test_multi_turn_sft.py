@@ -151,12 +151,12 @@ def test_conversational_prompt_and_completion_train_the_completion_only(tok):
   assert ex == encode_record({"messages": CHAT}, tok, assistant_turns="last")
   assert encode_record({"prompt": CHAT[:1], "response": CHAT[1:]}, tok) == encode_record(
       {"messages": CHAT}, tok)  # every turn of a multi-turn completion
-  with pytest.raises(ValueError, match=r"^r: field 'prompt' is a chat but 'response' is not; "
+  with pytest.raises(ValueError, match=r'^r: "prompt" is a chat but "response" is not; '
                                        r"give both as chats"):
     encode_record({"prompt": CHAT[:1], "response": "good"}, tok, where="r")
-  with pytest.raises(ValueError, match=r"^r: field 'response' is an empty chat"):
+  with pytest.raises(ValueError, match=r'^r: "response" is an empty chat'):
     encode_record({"prompt": CHAT[:1], "response": []}, tok, where="r")
-  with pytest.raises(ValueError, match=r"the last turn of `response` has role 'user'"):
+  with pytest.raises(ValueError, match=r"the last message of \"response\" has role 'user'"):
     encode_record({"prompt": CHAT[:1], "response": CHAT[1:3]}, tok, where="r")
 
 

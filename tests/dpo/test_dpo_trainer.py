@@ -121,13 +121,16 @@ def test_a_run_stopped_after_step_one_resumes_like_the_uninterrupted_run(tmp_pat
 def test_bad_records_and_configs_name_the_field():
   model = CausalLM(MODEL, rngs=nnx.Rngs(0))
   good = {"prompt": [3, 4], "chosen": [5], "rejected": [6]}
-  with pytest.raises(ValueError, match=r"train_data\[1\] lacks field\(s\) \['rejected'\]"):
+  with pytest.raises(ValueError, match=r"train_data\[1\]: expected an object with \"prompt\", "
+                     r"\"chosen\" and \"rejected\" fields, got keys \['prompt', 'chosen'\]"):
     DPOTrainer(config(), model, train_data=[good, {"prompt": [3], "chosen": [5]}])
   with pytest.raises(ValueError, match=r"train_data\[0\]\.chosen holds text but no tokenizer"):
     DPOTrainer(config(), model, train_data=[{**good, "chosen": "good"}])
   with pytest.raises(ValueError, match=r"train_data\[0\]\.rejected .*\[0, 24\)"):
     DPOTrainer(config(), model, train_data=[{**good, "rejected": [99]}])
-  with pytest.raises(ValueError, match=r"train_data\[0\]: the chosen side has no prompt"):
+  with pytest.raises(ValueError, match=r"train_data\[0\]: \"prompt\" \(the prompt\) is empty; "
+                                       r"give at least one message or token id or remove the "
+                                       r"record\.$"):
     DPOTrainer(config(), model, train_data=[{**good, "prompt": []}])
   with pytest.raises(ValueError, match="No held-out split"):
     DPOTrainer(config(), model, train_data=[good]).evaluate()

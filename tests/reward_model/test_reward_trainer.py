@@ -261,13 +261,17 @@ def test_bad_data_errors_name_the_record_and_field():
     return RewardModelTrainer(config, model, train_data=data, **kw)
 
   good = {"prompt": [3, 4], "chosen": [5], "rejected": [6]}
-  with pytest.raises(ValueError, match=r"train_data\[1\] lacks field\(s\) \['rejected'\]"):
+  with pytest.raises(ValueError, match=r"train_data\[1\]: expected an object with \"prompt\", "
+                     r"\"chosen\" and \"rejected\" fields, got keys "
+                     r"\['prompt', 'chosen', 'reject'\]; rename 'reject' to \"rejected\" \(or pass "
+                     r"RewardModelConfig.rejected_field='reject'\)"):
     trainer([good, {"prompt": [3], "chosen": [5], "reject": [6]}])
   with pytest.raises(ValueError, match=r"train_data\[0\]\.chosen holds text but no tokenizer"):
     trainer([{"prompt": [3], "chosen": "good", "rejected": [6]}])
   with pytest.raises(ValueError, match=r"train_data\[0\]\.rejected .*\[0, 24\)"):
     trainer([{"prompt": [3], "chosen": [5], "rejected": [99]}])
-  with pytest.raises(ValueError, match=r"eval_data\[0\]\.margin='big'"):
+  with pytest.raises(ValueError, match=r"eval_data\[0\]: \"margin\" must be a finite number >= 0, "
+                     r"got 'big' \(str\)"):
     trainer([good], eval_data=[{**good, "margin": "big"}])
   with pytest.raises(ValueError, match="non-empty list of records"):
     trainer([])
@@ -381,3 +385,25 @@ def test_a_multi_process_job_without_a_mesh_is_refused(monkeypatch, tmp_path):
   with pytest.raises(ValueError, match=r"RewardRunConfig\.mesh=None, but this is one of several "
                                        r"processes"):
     reward_run.build_reward_trainer(run)
+
+
+def test_pairs_cut_to_max_length_are_named_and_counted(caplog):
+  """The start of a too-long pair is cut (the score is read at its last token); one warning
+  names the cut records, and `cut_records` counts them by argument."""
+  config = RewardModelConfig(batch_size=2, total_steps=1, eos_token_id=EOS, max_length=4,
+                             add_eos=False)
+  long = {"prompt": [3, 4, 5], "chosen": [6, 7], "rejected": [8]}
+  short = {"prompt": [3], "chosen": [6], "rejected": [8]}
+  with caplog.at_level("WARNING", logger="jax_ppo.data"):
+    t = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
+                           train_data=[short, long, short], eval_data=[long])
+  assert t.cut_records == {"train_data": 1, "eval_data": 1}
+  assert np.asarray(t.train_pairs.chosen_ids)[1].tolist() == [4, 5, 6, 7]
+  warnings = [r.getMessage() for r in caplog.records]
+  assert warnings == [
+      "1 of 3 preference pairs of train_data are longer than max_length=4; their starts were cut "
+      "(the score is read at the last token) (raise max_length to keep them whole). Cut: "
+      "train_data[1]",
+      "1 of 1 preference pairs of eval_data are longer than max_length=4; their starts were cut "
+      "(the score is read at the last token) (raise max_length to keep them whole). Cut: "
+      "eval_data[0]"]

@@ -237,7 +237,8 @@ def test_chat_and_plain_records_through_the_tokenizer(tmp_path):
   assert encode_record({"prompt": "hello", "response": "good </s>"}, tok).response_ids == (8, 2)
   assert encode_record({"prompt": "hello", "response": "good"}, tok,
                        add_eos=False).response_ids == (8,)
-  with pytest.raises(ValueError, match=r"train_data\[1\]: no field 'response'"):
+  with pytest.raises(ValueError, match=r"train_data\[1\]: expected an object with \"prompt\" and "
+                                       r"\"response\" or \"completion\" .* got keys \['prompt'\]"):
     SFTTrainer(BASE, CausalLM(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
                train_data=[chat, {"prompt": "hello"}])
   # TRL's prompt-completion records: "completion" is the response; both is one error.
@@ -249,11 +250,13 @@ def test_chat_and_plain_records_through_the_tokenizer(tmp_path):
                                        "'completion'"):
     SFTTrainer(BASE, CausalLM(MODEL, rngs=nnx.Rngs(0)), tokenizer=tok,
                train_data=[chat, {"prompt": "a", "response": "b", "completion": "c"}])
-  with pytest.raises(ValueError, match=r"no field 'response'.*'response' or 'completion'"):
+  with pytest.raises(ValueError, match=r"\"response\" or \"completion\" strings .* got "
+                                       r"keys \['prompt'\]; name the record's field with "
+                                       r"response_field"):
     encode_record({"prompt": "hello"}, tok)
   with pytest.raises(ValueError, match="must be the assistant's"):
     encode_record({"messages": chat["messages"][:1]}, tok)
-  with pytest.raises(ValueError, match="'prompt' must be a string"):
+  with pytest.raises(ValueError, match='"prompt" must be a string, got 3 \\(int\\)'):
     encode_record({"prompt": 3, "response": "good"}, tok)
   with pytest.raises(ValueError, match="pass the tokenizer"):
     _trainer(examples=[chat])
