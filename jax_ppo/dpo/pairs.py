@@ -54,19 +54,21 @@ class DPOPairs(struct.PyTreeNode):
 
 def dpo_pairs(chosen: Sequence[tuple[list[int], list[int]]],
               rejected: Sequence[tuple[list[int], list[int]]], *, pad_token_id: int,
-              name: str = "pairs") -> DPOPairs:
+              name: str = "pairs", places: Sequence[str] | None = None) -> DPOPairs:
   """`DPOPairs` from `(prompt ids, response ids)` of each pair's chosen and rejected side, right
   padded to the longest row.
 
   Raises:
-    ValueError: naming the pair, when a side has no prompt or no response token.
+    ValueError: naming the pair (`places[i]`, e.g. "'prefs.jsonl', line 3", else `name[i]`),
+      when a side has no prompt or no response token.
   """
   if len(chosen) != len(rejected) or not chosen:
     raise ValueError(f"{name}: give as many chosen as rejected sides, at least one.")
   for side, rows in (("chosen", chosen), ("rejected", rejected)):
     for i, (prompt, response) in enumerate(rows):
       if not prompt or not response:
-        raise ValueError(f"{name}[{i}]: the {side} side has no "
+        where = f"{name}[{i}]" if places is None else places[i]
+        raise ValueError(f"{where}: the {side} side has no "
                          f"{'prompt' if not prompt else 'response'} token; DPO scores response "
                          "tokens after at least one prompt token.")
   length = max(len(p) + len(r) for p, r in (*chosen, *rejected))
@@ -166,7 +168,7 @@ class PairEncoder:
         how="their responses lose their ends first, then their prompts their starts")
     chosen = [self.fit(*side) for side in chosen]
     rejected = [self.fit(*side) for side in rejected]
-    return dpo_pairs(chosen, rejected, pad_token_id=pad_token_id, name=name)
+    return dpo_pairs(chosen, rejected, pad_token_id=pad_token_id, name=name, places=places)
 
 
 def eval_chunks(n: int, size: int):
