@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from jax_ppo.data.preferences import explicit_preference, is_chat
+from jax_ppo.data.preferences import explicit_preference
 
 logger = logging.getLogger("jax_ppo.data")
 
@@ -277,15 +277,6 @@ def _token_ids(record: Record, field: str, what: str) -> list[int]:
   return [int(t) for t in ids]
 
 
-def _same(a: Any, b: Any) -> bool:
-  if isinstance(a, str) and isinstance(b, str):
-    return a.strip() == b.strip()
-  if is_chat(a) and is_chat(b):
-    return [(m["role"], m["content"].strip()) for m in a] == [
-        (m["role"], m["content"].strip()) for m in b]
-  return a == b
-
-
 def preference_form(fields: tuple[str, str, str] = ("prompt", "chosen", "rejected")) -> str:
   """What a preference record is, for errors."""
   return f"an object with \"{fields[0]}\", \"{fields[1]}\" and \"{fields[2]}\" fields"
@@ -350,7 +341,8 @@ def preference_record(
   bad = read(r_field, "rejected response", last_role=None)
   prompt = None if value(record, p_field) is None else read(p_field, "prompt", last_role=None)
   prompt, good, bad = explicit_preference(prompt, good, bad, where=record.where, fields=fields)
-  if _same(good, bad):
+  # Exactly equal: responses that differ in whitespace alone tokenize apart (sampled pairs do).
+  if good == bad:
     raise ValueError(f"{record.where}: \"{c_field}\" and \"{r_field}\" are the same response, "
                      f"so the pair teaches nothing (its loss gradient is 0); give two different "
                      f"responses or {_remove(record)}.")

@@ -118,18 +118,22 @@ PAIR = {"prompt": "The film", "chosen": "was good.", "rejected": "was dull."}
 
 @pytest.mark.parametrize("record", [
     {**PAIR, "rejected": "was good."},
-    {**PAIR, "rejected": "  was good.\n"},
     {"prompt": CHAT[:2], "chosen": [turn("assistant", "Yes")],
-     "rejected": [turn("assistant", "Yes ")]},
+     "rejected": [turn("assistant", "Yes")]},
     {"chosen": [*CHAT[:2], turn("assistant", "Yes")],
      "rejected": [*CHAT[:2], turn("assistant", "Yes")]},
-], ids=["text", "whitespace", "chat", "implicit_prompt"])
+], ids=["text", "chat", "implicit_prompt"])
 def test_identical_pairs_are_refused(record):
   with pytest.raises(ValueError, match=rf"^{WHERE}: \"chosen\" and \"rejected\" are the same "
                                        r"response, so the pair teaches nothing \(its loss gradient "
                                        r"is 0\); give two different responses or remove the "
                                        r"line\.$"):
     preference_record(rec(record))
+
+
+def test_responses_differing_in_whitespace_alone_are_a_pair():
+  """They tokenize apart (two sampled responses often differ so), so the pair has a gradient."""
+  assert preference_record(rec({**PAIR, "rejected": "was good. "}))["rejected"] == "was good. "
 
 
 def test_identical_token_id_pairs_are_refused_where_ids_are_taken():

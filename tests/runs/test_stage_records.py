@@ -47,7 +47,7 @@ CASES = [
      "expected an object with \"prompt\" and \"response\" or \"completion\" strings (or chats) "
      "or a \"messages\" list, got keys ['prompt', 'output']; name the record's field with "
      "sft.response_field=..."),
-    ("reward", [PAIR, {**PAIR, "rejected": " good fun "}], 2,
+    ("reward", [PAIR, {**PAIR, "rejected": " good fun"}], 2,
      "\"chosen\" and \"rejected\" are the same response, so the pair teaches nothing (its loss "
      "gradient is 0); give two different responses or remove the line."),
     ("reward", [PAIR, {**PAIR, "margin": -1}], 2,
