@@ -184,6 +184,9 @@ def messages(record: Record, field: str, *, last_role: str | None = None,
                        "one form.")
     if m["role"] not in KNOWN_ROLES:
       shown = f" (ShareGPT's from={m['role']!r})" if "ShareGPT's from/value" in forms else ""
+      if not shown and m["role"] in SHAREGPT_ROLES:  # ShareGPT's name in a role/content message
+        shown = (f" (ShareGPT's name, read only in from/value messages: here write role "
+                 f"{SHAREGPT_ROLES[m['role']]!r})")
       raise ValueError(f"{record.where}: message {k} of \"{field}\" has role {m['role']!r}"
                        f"{shown}; use one of {list(KNOWN_ROLES)} (ShareGPT's "
                        f"{sorted(SHAREGPT_ROLES)} are read as such).")

@@ -20,6 +20,9 @@ from jax_ppo.control import (
 )
 from jax_ppo.control import ppo as ppo_module
 
+# Trainers with identical programs load them from the cache instead of recompiling.
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 # A uniformly random policy lasts about 22 steps on CartPole-v1 (reward 1 per step).
 RANDOM_POLICY_RETURN = 22.0
 

@@ -20,6 +20,9 @@ from jax_ppo.ppo import PPOTrainer
 from jax_ppo.rewards import TokenScorer
 from tests.ppo.conftest import CONFIG, MODEL, count_target, prompts
 
+# Trainers with identical programs load them from the cache instead of recompiling.
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 FUSED = dataclasses.replace(CONFIG, num_minibatches=1, ppo_epochs=3)
 
 CASES = {

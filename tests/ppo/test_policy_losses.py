@@ -22,6 +22,9 @@ from jax_ppo.rewards import TokenScorer
 from jax_ppo.rollout.sampler import Sampler
 from tests.ppo.conftest import CONFIG, MODEL, count_target, prompts
 
+# Trainers with identical programs load them from the cache instead of recompiling.
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 
 def _config(**kwargs):
   return dataclasses.replace(CONFIG, **kwargs)

@@ -16,6 +16,9 @@ from jax_ppo.rewards import TokenScorer
 from jax_ppo.rewards.scorers import FunctionScorer, check_scores
 from tests.ppo.conftest import CONFIG, MODEL, TARGET, count_target, prompts
 
+# Trainers with identical programs load them from the cache instead of recompiling.
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 
 def _config(**kwargs):
   return dataclasses.replace(CONFIG, **kwargs)

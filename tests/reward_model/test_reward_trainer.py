@@ -27,6 +27,9 @@ from jax_ppo.reward_model import (
 from jax_ppo.training import RunOptions
 from tests.reward_model.test_pairwise import pad_row
 
+# Trainers with identical programs load them from the cache instead of recompiling.
+pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
+
 MODEL = ModelConfig(
     model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
     num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,

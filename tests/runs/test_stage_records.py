@@ -58,7 +58,8 @@ CASES = [
      "\"chosen\" and \"rejected\" are the same response"),
     ("dpo", [PAIR, {"chosen": [turn("user", "hi"), turn("gpt", "x")],
                     "rejected": [turn("user", "hi"), turn("assistant", "y")]}], 2,
-     "message 1 of \"chosen\" has role 'gpt'"),
+     "message 1 of \"chosen\" has role 'gpt' (ShareGPT's name, read only in from/value messages: "
+     "here write role 'assistant'); use one of"),
     ("dpo", [{**PAIR, "prompt": ""}], 1, "\"prompt\" (the prompt) is empty or only whitespace"),
 ]
 CONFIG = {"sft": "SFTRunConfig", "reward": "RewardRunConfig", "dpo": "DPORunConfig"}
