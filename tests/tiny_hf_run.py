@@ -3,11 +3,13 @@
 `make_checkpoint(root, family)` writes a 1-layer causal LM of a supported family (Llama, Qwen3)
 with a word-level tokenizer (pad distinct from EOS) to `root/family`; `make_reward_checkpoint`
 a one-label reward model of the same family; `write_data(root)` writes the SFT pairs, preference
-triples and prompts those tests train on. Nothing is downloaded.
+triples and prompts those tests train on; `tree_hashes(*folders)` hashes every file under them
+(a refused run must leave them byte-identical). Nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 
@@ -105,3 +107,9 @@ def score_good_words(prompts: list[str], responses: list[str]) -> list[float]:
   good, bad = {"good", "great", "fun", "liked"}, {"bad", "dull", "boring", "hated"}
   return [float(sum(w in good for w in r.split()) - sum(w in bad for w in r.split()))
           for r in responses]
+
+
+def tree_hashes(*folders) -> dict[str, str]:
+  """sha256 of every file under `folders`, by path."""
+  return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+          for folder in folders for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}

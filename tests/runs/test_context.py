@@ -8,7 +8,6 @@ of its model, data or run folders (hashed before and after) and loads no weights
 """
 
 import dataclasses
-import hashlib
 import pathlib
 
 import pytest
@@ -22,7 +21,7 @@ from jax_ppo.models import load_config  # noqa: E402
 from jax_ppo.runs import ppo, reward, sft  # noqa: E402
 from jax_ppo.runs.context import check_fits_context, prompt_token_budget  # noqa: E402
 from jax_ppo.runs.ppo_config import load_run_config  # noqa: E402
-from tests.tiny_hf_run import make_checkpoint, write_data  # noqa: E402
+from tests.tiny_hf_run import make_checkpoint, tree_hashes, write_data  # noqa: E402
 
 CONTEXT = 64  # the tiny models' max_position_embeddings (tests.tiny_hf_run.FAMILIES)
 
@@ -31,23 +30,6 @@ CONTEXT = 64  # the tiny models' max_position_embeddings (tests.tiny_hf_run.FAMI
 def assets(tmp_path_factory):
   root = tmp_path_factory.mktemp("context")
   return {"root": root, "model": make_checkpoint(root, "llama"), **write_data(root)}
-
-
-@pytest.fixture
-def no_weights(monkeypatch):
-  """Loading any weights fails the test: the refusals come before."""
-  def refuse(*args, **kwargs):
-    raise AssertionError("weights were loaded before the refusal")
-
-  for module in (sft, reward, ppo):
-    for name in ("from_pretrained", "load_scalar_model"):
-      if hasattr(module, name):
-        monkeypatch.setattr(module, name, refuse)
-
-
-def _hashes(*folders) -> dict[str, str]:
-  return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
-          for folder in folders for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
 
 
 def test_check_fits_context_names_field_numbers_and_fix(assets):
@@ -103,7 +85,7 @@ def test_stage_lengths_past_the_context_are_refused_before_loading(
   data = assets["sft"] if stage == "sft" else assets["prefs"]
   argv = [f"model_path={assets['model']}", f"train_path={data}", f"run_dir={run_dir}",
           *(SFT if stage == "sft" else REWARD), *extra]
-  before = _hashes(assets["root"])
+  before = tree_hashes(assets["root"])
   # The command line: one line, exit status 2.
   assert main([stage, *argv]) == 2
   out, err = capsys.readouterr()
@@ -116,7 +98,7 @@ def test_stage_lengths_past_the_context_are_refused_before_loading(
     else:
       reward.run_reward(reward.load_reward_config(argv))
   assert str(error.value).splitlines()[0].startswith(first)
-  assert _hashes(assets["root"]) == before and not run_dir.exists()
+  assert tree_hashes(assets["root"]) == before and not run_dir.exists()
 
 
 def _ppo_run_folder(assets, run_dir, *overrides) -> pathlib.Path:
@@ -132,7 +114,7 @@ def _ppo_run_folder(assets, run_dir, *overrides) -> pathlib.Path:
 def test_eval_refuses_prompts_and_max_new_tokens_past_the_context(assets, tmp_path, capsys,
                                                                   no_weights):
   run_dir = _ppo_run_folder(assets, tmp_path / "run", f"ppo.sampling.max_new_tokens={CONTEXT}")
-  before = _hashes(assets["root"], run_dir)
+  before = tree_hashes(assets["root"], run_dir)
   assert main(["eval", "--run-dir", str(run_dir), "--prompts", assets["prompts"]]) == 2
   err = capsys.readouterr().err
   assert err.startswith(
@@ -143,7 +125,7 @@ def test_eval_refuses_prompts_and_max_new_tokens_past_the_context(assets, tmp_pa
   run_dir = _ppo_run_folder(assets, tmp_path / "run4", "ppo.sampling.max_new_tokens=4")
   long = tmp_path / "heldout.txt"
   long.write_text("the movie\n" + "very " * (CONTEXT - 3) + "\n")
-  before.update(_hashes(run_dir))
+  before.update(tree_hashes(run_dir))
   with pytest.raises(ValueError) as error:
     ppo.evaluate_run(run_dir, long)
   assert str(error.value).startswith(
@@ -151,5 +133,5 @@ def test_eval_refuses_prompts_and_max_new_tokens_past_the_context(assets, tmp_pa
       f"{CONTEXT - 4} that fit"), error.value
   assert str(error.value).endswith("; shorten it (the run's ppo.sampling.max_new_tokens is fixed "
                                    "by its training)."), error.value
-  assert _hashes(assets["root"], tmp_path / "run", run_dir) == before
+  assert tree_hashes(assets["root"], tmp_path / "run", run_dir) == before
   assert not (run_dir / "eval").exists()

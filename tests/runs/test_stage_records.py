@@ -6,7 +6,6 @@ chat records trains as its JSONL twin does; records cut to `max_length` are name
 and counted in the run's summary.
 """
 
-import hashlib
 import json
 import logging
 import pathlib
@@ -19,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from jax_ppo.cli import main  # noqa: E402
 from jax_ppo.runs import dpo, reward, sft  # noqa: E402
-from tests.tiny_hf_run import make_checkpoint  # noqa: E402
+from tests.tiny_hf_run import make_checkpoint, tree_hashes  # noqa: E402
 
 
 def turn(role, content):
@@ -73,23 +72,6 @@ def model(tmp_path_factory):
   return make_checkpoint(tmp_path_factory.mktemp("records_model"), "llama")
 
 
-@pytest.fixture
-def no_weights(monkeypatch):
-  """Loading any weights fails the test: the refusals come before."""
-  def refuse(*args, **kwargs):
-    raise AssertionError("weights were loaded before the refusal")
-
-  for module in (sft, reward, dpo):
-    for name in ("from_pretrained", "load_scalar_model"):
-      if hasattr(module, name):
-        monkeypatch.setattr(module, name, refuse)
-
-
-def _hashes(*folders) -> dict[str, str]:
-  return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
-          for folder in folders for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
-
-
 def _jsonl(path: pathlib.Path, records) -> str:
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
   return str(path)
@@ -112,7 +94,7 @@ def test_degenerate_records_are_one_error_naming_file_line_and_field(
   argv = [f"model_path={model}", f"train_path={data}", f"run_dir={run_dir}", *BLOCK[stage],
           *COMMON]
   first = f"{CONFIG[stage]}.train_path={data!r}, line {line}: {message}"
-  before = _hashes(model, tmp_path)
+  before = tree_hashes(model, tmp_path)
   assert main([stage, *argv]) == 2
   out, err = capsys.readouterr()
   assert out == "" and err.count("\n") == 1, err
@@ -120,7 +102,7 @@ def test_degenerate_records_are_one_error_naming_file_line_and_field(
   with pytest.raises(ValueError) as error:
     _run(stage, argv)
   assert str(error.value).splitlines()[0].startswith(first)
-  assert _hashes(model, tmp_path) == before and not run_dir.exists()
+  assert tree_hashes(model, tmp_path) == before and not run_dir.exists()
 
 
 def test_a_parquet_file_mixing_text_and_chat_records_trains_as_its_jsonl_twin(model, tmp_path):
