@@ -117,13 +117,13 @@ class SFTTrainer(RunStage):
     train = self._examples(train_data, "train_data")
     if not train:
       raise ValueError("train_data is empty; give at least one example.")
-    places = self._places(train_data, "train_data")
+    places = self._places(train_data, "train_data", len(train))
     # Records cut to max_length, by argument (the examples' responses are cut when rows are made).
     self.cut_records = {"train_data": sum(ex.num_tokens > c.max_length for ex in train)}
     rng = np.random.default_rng(c.seed)
     if eval_data is not None:
       held_out = self._examples(eval_data, "eval_data")
-      held_places = self._places(eval_data, "eval_data")
+      held_places = self._places(eval_data, "eval_data", len(held_out))
       self.cut_records["eval_data"] = sum(ex.num_tokens > c.max_length for ex in held_out)
     elif c.eval_fraction > 0:
       order = rng.permutation(len(train))
@@ -209,11 +209,11 @@ class SFTTrainer(RunStage):
     return out
 
   @staticmethod
-  def _places(data: Sequence[Any], name: str) -> list[str]:
-    """Where each record of `data` came from: its file and line (records read from a file,
-    `jax_ppo.runs.common.Records`), else `name[i]`."""
+  def _places(data: Any, name: str, n: int) -> list[str]:
+    """Where each of the `n` records of `data` came from: its file and line (records read from
+    a file, `jax_ppo.runs.common.Records`), else `name[i]`."""
     places = getattr(data, "places", None)
-    return list(places) if places is not None else [f"{name}[{i}]" for i in range(len(data))]
+    return list(places) if places is not None else [f"{name}[{i}]" for i in range(n)]
 
   def _rows(self, examples: list[SFTExample], places: list[str]) -> SFTRows:
     build = pack_examples if self.config.packing else pad_examples
@@ -257,8 +257,11 @@ class SFTTrainer(RunStage):
 
     Returns `{"eval/loss", "eval/perplexity", "eval/tokens"}`.
     """
-    rows = self.eval_rows if eval_data is None else self._rows(
-        self._examples(eval_data, "eval_data"), self._places(eval_data, "eval_data"))
+    if eval_data is None:
+      rows = self.eval_rows
+    else:
+      examples = self._examples(eval_data, "eval_data")
+      rows = self._rows(examples, self._places(eval_data, "eval_data", len(examples)))
     if rows is None:
       raise ValueError(
           "No held-out split: pass eval_data to SFTTrainer or evaluate(), or set "
