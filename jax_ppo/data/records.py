@@ -269,8 +269,7 @@ def sft_record(record: Record, prompt_field: str = "prompt",
 # -- preference pairs -----------------------------------------------------------------------------
 
 
-def _token_ids(record: Record, field: str, what: str) -> list[int]:
-  ids = value(record, field)
+def _token_ids(record: Record, field: str, what: str, ids: Sequence[Any]) -> list[int]:
   if not all(isinstance(t, int) or type(t).__name__.startswith(("int", "uint")) for t in ids):
     raise ValueError(f"{record.where}: \"{field}\" must be a string, a chat or a list of token "
                      f"ids, got {ids!r:.60}.")
@@ -325,6 +324,8 @@ def preference_record(
 
   def read(field: str, what: str, *, last_role: str | None) -> Any:
     v = value(record, field)
+    if token_ids and getattr(v, "ndim", None) == 1 and hasattr(v, "tolist"):
+      v = v.tolist()  # a NumPy (or JAX) vector of token ids
     if isinstance(v, str):
       return text(record, field, what)
     if isinstance(v, Sequence) and not v:
@@ -335,7 +336,7 @@ def preference_record(
       return messages(record, field, last_role=last_role,
                       why="the reward model scores and DPO trains on")
     if token_ids and isinstance(v, Sequence):
-      return _token_ids(record, field, what)
+      return _token_ids(record, field, what, v)
     kinds = "a string, a chat or a list of token ids" if token_ids else "a string or a chat"
     raise ValueError(f"{record.where}: \"{field}\" must be {kinds}, got {v!r:.60} "
                      f"({type(v).__name__}).")

@@ -11,6 +11,7 @@ records and counts them.
 import logging
 import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,6 +147,12 @@ def test_identical_token_id_pairs_are_refused_where_ids_are_taken():
                                        r"least one message or token id"):
     preference_record(rec({**record, "chosen": []}), token_ids=True)
   assert preference_record(rec({**record, "rejected": [7]}), token_ids=True)["rejected"] == [7]
+  # NumPy vectors of ids are token ids too.
+  pair = preference_record(rec({"prompt": np.array([3, 4]), "chosen": np.array([5, 6], np.int32),
+                                "rejected": np.array([7])}), token_ids=True)
+  assert pair["prompt"] == [3, 4] and pair["chosen"] == [5, 6] and pair["rejected"] == [7]
+  with pytest.raises(ValueError, match="are the same response"):
+    preference_record(rec({**record, "chosen": np.array([5, 6])}), token_ids=True)
 
 
 @pytest.mark.parametrize("margin", [-0.5, float("nan"), float("inf"), True, "1", [1.0]])
