@@ -240,8 +240,9 @@ def sft_record(record: Record, prompt_field: str = "prompt",
                response_field: str = RESPONSE_FIELD,
                messages_field: str = "messages", *, prefix: str = "") -> dict[str, Any]:
   """`{"prompt": str, "response": str}`, `{"prompt": chat, "response": chat}` or `{"messages":
-  chat}` of an SFT record (a chat's last message the assistant's; a null field counts as
-  absent, so Parquet files that mix text and chat records read as JSONL files do). `prefix`:
+  chat}` of an SFT record (a chat's last message the assistant's; a record with a prompt and
+  messages is a prompt-response record; a null field counts as absent, so Parquet files that
+  mix text and chat records read as JSONL files do). `prefix`:
   where the field-name settings live, for the missing-field error (e.g. "sft.")."""
   if not isinstance(record.data, Mapping):
     want = sft_form(prompt_field, response_field, messages_field)
