@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from tests.parallel.multidevice import run_on_devices
+from tests.parallel.multidevice import assert_steps_and_evals_agree, run_on_devices
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "sharded_step.py"
 TOL = 1e-5
@@ -26,14 +26,4 @@ def test_dpo_steps_on_a_mesh_equal_one_device():
     assert any("fsdp" in s for s in specs) and any("tensor" in s for s in specs)
   assert r["max_ref_diff"] == 0.0  # the reference never moves
   assert r["max_param_diff"] < TOL and r["max_opt_diff"] < TOL
-  single, sharded = r["history"]
-  assert len(single) == len(sharded) == 2
-  for a, b in zip(single, sharded, strict=True):
-    assert a.keys() == b.keys() and {"train/loss", "rewards/margins", "lr"} <= a.keys()
-    for key in a:
-      assert b[key] == pytest.approx(a[key], abs=TOL), key
-  assert abs(single[1]["train/loss"] - single[0]["train/loss"]) > 1e-3  # the steps moved
-  eval1, eval8 = r["eval"]
-  assert eval1["eval/pairs"] == eval8["eval/pairs"] == 12
-  for key in eval1:
-    assert eval8[key] == pytest.approx(eval1[key], abs=TOL), key
+  assert_steps_and_evals_agree(r, {"train/loss", "rewards/margins", "lr"}, TOL, eval_pairs=12)

@@ -17,28 +17,9 @@ from jax_ppo.models import CausalLM
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.training import RunOptions
+from tests.preference_toys import EOS, MODEL, toy_records
 
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
-
-MODEL = ModelConfig(
-    model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
-    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
-)
-TARGET, EOS = 7, 2
-
-
-def toy_records(n, seed):
-  """Chosen responses contain TARGET, rejected ones do not (token ids)."""
-  rng = np.random.default_rng(seed)
-  others = [t for t in range(3, MODEL.vocab_size) if t != TARGET]
-  out = []
-  for _ in range(n):
-    prompt = [int(t) for t in rng.choice(others, size=int(rng.integers(2, 5)))]
-    chosen = [int(t) for t in rng.choice(others, size=int(rng.integers(1, 4)))]
-    chosen[int(rng.integers(len(chosen)))] = TARGET
-    rejected = [int(t) for t in rng.choice(others, size=int(rng.integers(1, 4)))]
-    out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-  return out
 
 
 def config(**kw):
@@ -48,7 +29,7 @@ def config(**kw):
 
 
 def test_training_raises_accuracy_and_margins_on_the_training_pairs():
-  records = toy_records(16, 0)
+  records = toy_records(16, 0, response_len=(1, 4))
   trainer = DPOTrainer(config(total_steps=8, beta=0.5), CausalLM(MODEL, rngs=nnx.Rngs(0)),
                        train_data=records, eval_data=records)
   before = trainer.evaluate()
@@ -72,7 +53,7 @@ def flat(tree):
 
 def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
   model = add_lora(CausalLM(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
-  records = toy_records(8, 3)
+  records = toy_records(8, 3, response_len=(1, 4))
   trainer = DPOTrainer(config(total_steps=3), model, train_data=records)
   start, rest = flat(trainer.state.params), flat(trainer.rest)
   assert start and all("lora" in p for p in start), sorted(start)
@@ -96,7 +77,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_base():
 def test_a_run_stopped_after_step_one_resumes_like_the_uninterrupted_run(tmp_path):
   options = RunOptions(save_every=1, progress=False, tensorboard=False,
                        async_checkpointing=False, log_samples_every=0)
-  records = toy_records(16, 2)
+  records = toy_records(16, 2, response_len=(1, 4))
 
   def make(run_dir=None):
     return DPOTrainer(config(total_steps=3), CausalLM(MODEL, rngs=nnx.Rngs(0)),

@@ -15,6 +15,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
 
@@ -73,6 +75,25 @@ def run_on_devices(script: str | os.PathLike, *args: str, devices: int = 8,
   if not lines:
     raise AssertionError(f"{path.name} printed nothing; stderr:\n{proc.stderr[-2000:]}")
   return json.loads(lines[-1])
+
+
+def assert_steps_and_evals_agree(result: dict, keys: set[str], tol: float, *,
+                                 eval_pairs: int) -> None:
+  """The single-device and mesh runs of a script (`result["history"]`: two lists of step
+  metrics; `result["eval"]`: two evaluations) agree: two steps each with `keys` among their
+  metrics, every metric within `tol` (absolute), the steps moved the training loss, and both
+  evaluations cover `eval_pairs` pairs and agree within `tol`."""
+  single, sharded = result["history"]
+  assert len(single) == len(sharded) == 2
+  for a, b in zip(single, sharded, strict=True):
+    assert a.keys() == b.keys() and keys <= a.keys()
+    for key in a:
+      assert b[key] == pytest.approx(a[key], abs=tol), key
+  assert abs(single[1]["train/loss"] - single[0]["train/loss"]) > 1e-3  # the steps moved
+  eval1, eval8 = result["eval"]
+  assert eval1["eval/pairs"] == eval8["eval/pairs"] == eval_pairs
+  for key in eval1:
+    assert eval8[key] == pytest.approx(eval1[key], abs=tol), key
 
 
 def run_processes_of(script: str | os.PathLike, *args: str, num_processes: int,

@@ -14,7 +14,6 @@ import pytest
 from flax import nnx
 
 from jax_ppo import models
-from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel
 from jax_ppo.models.hf import SCORE_BIAS_KEY
 from jax_ppo.reward_model import (
@@ -25,30 +24,11 @@ from jax_ppo.reward_model import (
     preference_pairs,
 )
 from jax_ppo.training import RunOptions
+from tests.preference_toys import EOS, MODEL, toy_records
 from tests.reward_model.test_pairwise import pad_row
 
 # Trainers with identical programs load them from the cache instead of recompiling.
 pytestmark = pytest.mark.usefixtures("persistent_compilation_cache")
-
-MODEL = ModelConfig(
-    model_type="llama", vocab_size=24, hidden_size=16, intermediate_size=32, num_layers=1,
-    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=48,
-)
-TARGET, EOS = 7, 2
-
-
-def _toy_records(n, seed):
-  """Chosen responses contain TARGET, rejected ones do not."""
-  rng = np.random.default_rng(seed)
-  others = [t for t in range(3, MODEL.vocab_size) if t != TARGET]
-  out = []
-  for _ in range(n):
-    prompt = [int(t) for t in rng.choice(others, size=int(rng.integers(2, 5)))]
-    chosen = [int(t) for t in rng.choice(others, size=int(rng.integers(2, 6)))]
-    chosen[int(rng.integers(len(chosen)))] = TARGET
-    rejected = [int(t) for t in rng.choice(others, size=int(rng.integers(2, 6)))]
-    out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})
-  return out
 
 
 def test_learns_a_toy_preference_to_high_held_out_accuracy():
@@ -56,7 +36,7 @@ def test_learns_a_toy_preference_to_high_held_out_accuracy():
                              eval_every=25, optimizer=RewardModelOptimizer(
                                  learning_rate=3e-3, lr_schedule="constant"))
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
-                               train_data=_toy_records(256, 0), eval_data=_toy_records(128, 1))
+                               train_data=toy_records(256, 0), eval_data=toy_records(128, 1))
   before = trainer.evaluate()
   history = trainer.train()
   after = trainer.evaluate()
@@ -153,7 +133,7 @@ def test_conversational_records_score_the_template_up_to_eos(tmp_path):
 
 
 def test_eval_fraction_holds_out_disjoint_pairs():
-  records = _toy_records(20, 4)
+  records = toy_records(20, 4)
   config = RewardModelConfig(batch_size=4, total_steps=1, eos_token_id=EOS, eval_fraction=0.25)
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)), train_data=records)
   rows = lambda ids: {tuple(r) for r in np.asarray(ids).tolist()}  # noqa: E731
@@ -228,7 +208,7 @@ def _run_trainer(run_dir=None, *, save_every: int):
   options = RunOptions(save_every=save_every, progress=False, tensorboard=False,
                        async_checkpointing=False)
   return RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
-                            train_data=_toy_records(40, 2), run_dir=run_dir,
+                            train_data=toy_records(40, 2), run_dir=run_dir,
                             run_options=options)
 
 
@@ -309,7 +289,7 @@ def test_lora_trains_only_the_adapters_and_the_head():
   model = add_lora(ScalarModel(MODEL, rngs=nnx.Rngs(0)), LoRAConfig(rank=2), rngs=nnx.Rngs(1))
   config = RewardModelConfig(batch_size=16, total_steps=3, max_length=16, add_eos=False,
                              optimizer=RewardModelOptimizer(learning_rate=1e-2))
-  trainer = RewardModelTrainer(config, model, train_data=_toy_records(32, 3))
+  trainer = RewardModelTrainer(config, model, train_data=toy_records(32, 3))
   start, rest = flat(trainer.state.params), flat(trainer.rest)
   assert start and all("lora" in p or "score_head" in p for p in start), sorted(start)
   trainer.train()
@@ -330,7 +310,7 @@ def test_consecutive_non_finite_steps_stop_the_run():
   config = RewardModelConfig(batch_size=4, total_steps=5, eos_token_id=EOS,
                              max_consecutive_skips=2)
   trainer = RewardModelTrainer(config, ScalarModel(MODEL, rngs=nnx.Rngs(0)),
-                               train_data=_toy_records(8, 5))
+                               train_data=toy_records(8, 5))
   start = jax.tree.map(np.asarray, trainer.state.params)
   trainer.train_pairs = trainer.train_pairs.replace(
       margin=np.full_like(trainer.train_pairs.margin, np.nan))  # past the data checks
