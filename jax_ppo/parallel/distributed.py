@@ -29,8 +29,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pathlib
 import re
+import secrets
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -220,6 +223,58 @@ def barrier(name: str) -> None:
   multihost_utils.sync_global_devices(name)
 
 
+SHARED_CHECK_PREFIX = ".jax_ppo_shared_check."
+"""Name prefix of the file `check_shared_folder` writes and removes (a fresh token follows)."""
+
+
+def check_shared_folder(path: str | os.PathLike, *, field: str, wait_s: float = 20.0) -> None:
+  """Raises a ValueError on every process, naming `field` and the processes concerned, when the
+  processes of a multi-process job do not see one and the same folder at `path`; nothing in a
+  single-process run.
+
+  Every process writes its shards of each Orbax checkpoint into the run folder and process 0 the
+  checkpoint's metadata, so a run folder on each host's own disk (e.g. /tmp on each node of a
+  cluster) would leave checkpoints no host can restore. Process 0 writes a file named by a
+  token drawn for this call into `path` (created if missing); after a barrier every process looks
+  for it, for up to `wait_s` seconds (a network file system or a mounted bucket may show a new
+  file late); the processes then gather who saw it, process 0 removes the file, and all of them
+  raise the same error, or none does.
+
+  Args:
+    path: the folder every process must see (e.g. `RunConfig.run_dir`).
+    field: the config field that names it, for the error (e.g. "RunConfig.run_dir").
+    wait_s: how long a process keeps looking for process 0's file before it counts as unseen.
+  """
+  if not multi_process():
+    return
+  from jax.experimental import multihost_utils
+
+  path = pathlib.Path(path)
+  token = int(multihost_utils.broadcast_one_to_all(np.int32(secrets.randbelow(2**31 - 1))))
+  marker = path / f"{SHARED_CHECK_PREFIX}{token}"
+  if is_main_process():
+    path.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"written by process 0 of this job ({field})\n")
+  barrier(f"check_shared_folder {field} {token}: written")  # (the paths may differ)
+  deadline = time.monotonic() + wait_s
+  seen = marker.is_file()
+  while not seen and time.monotonic() < deadline:
+    time.sleep(0.5)
+    seen = marker.is_file()
+  seen_by = np.asarray(multihost_utils.process_allgather(np.asarray(seen))).reshape(-1)
+  if is_main_process():
+    marker.unlink(missing_ok=True)
+  barrier(f"check_shared_folder {field} {token}: checked")
+  blind = [int(i) for i in np.flatnonzero(~seen_by.astype(bool))]
+  if blind:
+    raise ValueError(
+        f"{field}={str(path)!r} is not one folder shared by every process of this job: "
+        f"process(es) {blind} of {len(seen_by)} do not see the file process 0 wrote there (each "
+        f"host has a folder of its own at that path). Every process writes its shards of each "
+        f"checkpoint into the run folder, so give a folder every host sees: a network file "
+        f"system or a bucket mounted on every host (e.g. SkyPilot's file_mounts).")
+
+
 def host_array(x: Any) -> np.ndarray:
   """The whole of array `x` on this host: `np.asarray(x)`, or, for a `jax.Array` with shards on
   other processes' devices, an all-gather (`multihost_utils.process_allgather`) that every
@@ -267,7 +322,9 @@ def preemption_notice(step: int) -> int | None:
 __all__ = [
     "DistributedConfig",
     "ENV_FLAG",
+    "SHARED_CHECK_PREFIX",
     "barrier",
+    "check_shared_folder",
     "distributed_environment",
     "host_array",
     "initialize",

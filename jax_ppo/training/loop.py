@@ -47,7 +47,12 @@ import jax.numpy as jnp
 from jax_ppo.checkpoint import CheckpointCorrupt, CheckpointError, RunCheckpointer, check_config
 from jax_ppo.config_io import CONFIG_FILENAME, config_to_dict, read_config_file, save_config
 from jax_ppo.logging import MetricsLogger
-from jax_ppo.parallel.distributed import is_main_process, multi_process, preemption_notice
+from jax_ppo.parallel.distributed import (
+    check_shared_folder,
+    is_main_process,
+    multi_process,
+    preemption_notice,
+)
 from jax_ppo.training.hooks import Collapse, LoopHook
 
 logger = logging.getLogger(__name__)
@@ -335,6 +340,8 @@ class RunLoop:
           f"run_config must be a dataclass instance (it is written to config.yaml), got "
           f"{type(self.run_config).__name__}."
       )
+    # (several processes: one folder that every process sees, or checkpoints nobody can restore)
+    check_shared_folder(run_dir, field=f"{type(self.run_config).__name__}.run_dir")
     checkpointer = RunCheckpointer(
         run_dir / CHECKPOINT_DIR, save_every=opts.save_every, keep_last=opts.keep_last,
         best_metric=opts.best_metric, best_mode=opts.best_mode, config=self.run_config,

@@ -3,10 +3,12 @@ pytest: its name does not start with test_).
 
     python multihost_worker.py PORT PROCESS_ID OUT_DIR
 
-Joins a 2-process job over 127.0.0.1 (2 fake CPU devices each), then: saves steps 1 and 2 of an
-array sharded over all 4 devices with `RunCheckpointer` (every process calls save), damages step
-2 (process 0 deletes its metadata item) and restores the latest readable step, 1 (every process
-restores; only process 0 may move step 2 into corrupt/, each process records its moves),
+Joins a 2-process job over 127.0.0.1 (2 fake CPU devices each), then: checks a run folder both
+processes see (`check_shared_folder`) and one of each process's own (refused on both), saves
+steps 1 and 2 of an array sharded over all 4 devices with `RunCheckpointer` (every process calls
+save), damages step 2 (process 0 deletes its metadata item) and restores the latest readable
+step, 1 (every process restores; only process 0 may move step 2 into corrupt/, each process
+records its moves),
 logs one step with `MetricsLogger` into OUT_DIR/run (only process 0 may write), writes OUT_DIR/
 readyI, and polls `preemption_notice(step)` every 50 ms until it fires (the test sends SIGTERM to
 one process). Its findings go to OUT_DIR/resultI.json.
@@ -27,6 +29,7 @@ from jax_ppo.checkpoint import RunCheckpointer
 from jax_ppo.logging import MetricsLogger
 from jax_ppo.parallel.distributed import (
     DistributedConfig,
+    check_shared_folder,
     initialize,
     is_main_process,
     multi_process,
@@ -47,6 +50,13 @@ def main(port: str, pid: int, out: pathlib.Path) -> None:
   assert initialize(DistributedConfig(num_processes=2, process_id=pid))  # idempotent
   result = {"process": jax.process_index(), "devices": jax.device_count(),
             "main": is_main_process(), "multi": multi_process()}
+  check_shared_folder(out / "shared", field="RunConfig.run_dir", wait_s=0)
+  result["shared_left"] = sorted(p.name for p in (out / "shared").iterdir())
+  try:  # a folder of its own on each "host": every process refuses it, naming process 1
+    check_shared_folder(out / f"own{pid}", field="RunConfig.run_dir", wait_s=1)
+    result["own_error"] = None
+  except ValueError as e:
+    result["own_error"] = str(e)
   mesh = jax.make_mesh((4,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
   sharding = NamedSharding(mesh, PartitionSpec("fsdp"))
   host = np.arange(32, dtype=np.float32).reshape(8, 4)

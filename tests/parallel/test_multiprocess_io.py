@@ -1,4 +1,6 @@
-"""Two processes (2 fake CPU devices each) over 127.0.0.1: an Orbax checkpoint of an array
+"""Two processes (2 fake CPU devices each) over 127.0.0.1: a run folder must be one folder that
+both processes see (`check_shared_folder`: a folder of each process's own is refused on both), an
+Orbax checkpoint of an array
 sharded over both processes' devices saves and restores with every process taking part, a
 damaged step is moved aside by process 0 alone (`RunCheckpointer.set_aside`), only process 0
 writes logs, and a preemption notice (SIGTERM) sent to process 1 stops both processes
@@ -50,6 +52,10 @@ def test_checkpoint_logs_and_preemption_over_two_processes(tmp_path):
   results = [json.loads((tmp_path / f"result{i}.json").read_text()) for i in range(2)]
   for i, r in enumerate(results):
     assert r["process"] == i and r["devices"] == 4 and r["multi"] and r["main"] == (i == 0)
+    assert r["shared_left"] == []  # the check's file is removed
+    assert r["own_error"].startswith(f"RunConfig.run_dir={str(tmp_path / f'own{i}')!r} is not "
+                                     f"one folder shared by every process")
+    assert "process(es) [1] of 2 do not see the file" in r["own_error"]
     assert r["restored_sharding_ok"] and r["restored_equal"]
     assert r["extra"] == {"data_position": 3}  # step 2 was damaged: step 1 restored
     assert r["steps_after_restore"] == [1]
