@@ -1,7 +1,7 @@
 """Run folders of the PPO trainer: exact resume, rollback on collapse, config checks, export.
 
 Trainers here share one `PPOConfig` and model, so after the first compile the others hit JAX's
-persistent compilation cache (a temporary folder, set for this module only).
+persistent compilation cache (the test run's temporary folder, tests/conftest.py).
 """
 
 import dataclasses
