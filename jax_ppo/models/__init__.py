@@ -89,7 +89,8 @@ LoRA
 `add_lora(model, LoRAConfig(rank=8, alpha=16, targets=("q", "v")), rngs=nnx.Rngs(0))` puts
 `nnx.LoRAParam` adapters (B = 0) on the chosen projections; `split_lora(model)` returns
 `(graphdef, lora_state, base_state)`; `model(..., use_lora=False)` is the reference model (same
-base weights, adapters off); `merge_lora(model)` folds them in (`save_pretrained` does it).
+base weights, adapters off); `merge_lora(model)` folds them in (`save_pretrained` does it);
+`save_peft_adapter(model, path)` writes the adapters alone as a PEFT adapter folder.
 
 Performance knobs
 -----------------
@@ -133,6 +134,7 @@ from jax_ppo.models.hf import (
     has_score_head,
     load_config,
     load_scalar_model,
+    save_peft_adapter,
     save_pretrained,
 )
 from jax_ppo.models.layers import ScalarHead
@@ -200,6 +202,7 @@ __all__ = [
     "prefill",
     "read_last_valid",
     "resize_token_embeddings",
+    "save_peft_adapter",
     "save_pretrained",
     "set_remat",
     "split_lora",

@@ -37,12 +37,12 @@ from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.data.records import Record
-from jax_ppo.models import LoRAConfig, resize_token_embeddings
+from jax_ppo.models import LoRAConfig, load_config, resize_token_embeddings
 from jax_ppo.parallel import distributed
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
-from jax_ppo.runs.paths import PathField, check_run_paths
-from jax_ppo.training.export import check_export_target
+from jax_ppo.runs.paths import PathField, check_run_paths, relation
+from jax_ppo.training.export import ADAPTER_MARKER, check_export_target, export_adapter
 from jax_ppo.training.loop import RunOptions
 
 logger = logging.getLogger(__name__)
@@ -172,6 +172,16 @@ class BaseRunConfig:
   """How the run folder is written and how much of the run one invocation does."""
   lora: LoRAConfig | None = None
   """Train LoRA adapters instead of every weight (e.g. `lora.rank=16`; merged into exports)."""
+  export_adapter_dir: str | None = None
+  """Where the trained LoRA adapters are also written, alone, as a PEFT adapter folder
+  (`adapter_config.json`, `adapter_model.safetensors`, the tokenizer) that
+  `peft.PeftModel.from_pretrained(base, folder)` loads on the starting model, when the run is
+  complete (SFT, DPO: beside `export_dir`, which stays the merged model; PPO: at the end of the
+  invocation that completes `ppo.total_updates`). None: not written. Needs `lora`, and the
+  starting model's vocabulary (no `resize_embeddings` growth: new embedding rows are no adapter
+  weights); not for reward models. Written atomically (an earlier adapter export there is
+  replaced, a non-empty folder without `adapter_config.json` refused); it must not overlap a path
+  the run reads, the run folder or a stage's `export_dir`."""
   pad_token: str | None = None
   """Pad token of the tokenizer (e.g. "<unk>"); None: the tokenizer's own, else an existing
   unused special token (see `jax_ppo.models.load_tokenizer`). It must not be a stop token; a
@@ -224,6 +234,25 @@ class BaseRunConfig:
     if self.dtype not in DTYPES:
       bad("dtype", f"choose one of {list(DTYPE_NAMES)}")
     check_cache_setting(self.compilation_cache_dir, field=f"{name}.compilation_cache_dir")
+    if self.export_adapter_dir is not None:
+      if not isinstance(self.export_adapter_dir, str) or not self.export_adapter_dir:
+        bad("export_adapter_dir", "give a folder for the PEFT adapter, or null")
+      if self.lora is None:
+        bad("export_adapter_dir", "a PEFT adapter export needs LoRA adapters and lora is null; "
+                                  "set lora (e.g. lora.rank=16), or remove export_adapter_dir "
+                                  "(export_dir holds the full model)")
+
+  def adapter_exports(self, prefix: str | None = None) -> list[PathField]:
+    """`[(field, export_adapter_dir)]` when it is set (for `check_run_paths`), else []."""
+    if self.export_adapter_dir is None:
+      return []
+    return [(f"{prefix or type(self).__name__}.export_adapter_dir", self.export_adapter_dir)]
+
+  def check_adapter_export_target(self) -> None:
+    """Before anything loads: `export_adapter_dir`, when set, is absent, empty or an earlier
+    adapter export (`jax_ppo.training.export.check_export_target`)."""
+    for field, path in self.adapter_exports():
+      check_export_target(path, field=field, marker=ADAPTER_MARKER)
 
   def run_options(self, **fixed: Any) -> RunOptions:
     """The run loop's `RunOptions`: the `run` block, the family's `OPERATIONAL_FIELDS` as
@@ -231,8 +260,8 @@ class BaseRunConfig:
     return self.run.options(resume_ignore=type(self).OPERATIONAL_FIELDS, **fixed)
 
 
-STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "run", "mesh", "distributed",
-                            "compilation_cache_dir")
+STAGE_OPERATIONAL_FIELDS = ("run_dir", "export_dir", "export_adapter_dir", "run", "mesh",
+                            "distributed", "compilation_cache_dir")
 """Stage-config fields (dotted keys or prefixes: `run` is the whole run block) that may change
 between invocations of one run (they do not change what is computed); a difference in any other
 field refuses to resume."""
@@ -290,12 +319,20 @@ class StageRunConfig(BaseRunConfig):
     fields)."""
     name = type(self).__name__
     check_run_paths(inputs=self.read_paths(), run_dirs=[(f"{name}.run_dir", self.run_dir)],
-                    exports=[(f"{name}.export_dir", str(self.export_path))])
+                    exports=[(f"{name}.export_dir", str(self.export_path)),
+                             *self.adapter_exports()])
+    for field, path in self.adapter_exports():
+      how = relation(path, str(self.export_path))
+      if how is not None:
+        raise ValueError(f"{field}={path!r} {how} {name}.export_dir={str(self.export_path)!r}: "
+                         "each export replaces its folder whole. Give the adapter a folder of "
+                         "its own beside the model's, e.g. <run_dir>/hf_adapter.")
 
   def check_export_target(self) -> None:
     """Before anything loads: the export folder is absent, empty, or an earlier export that the
     run's export replaces (`jax_ppo.training.export.check_export_target`)."""
     check_export_target(self.export_path, field=f"{type(self).__name__}.export_dir")
+    self.check_adapter_export_target()
 
   @property
   def export_path(self) -> pathlib.Path:
@@ -342,6 +379,38 @@ def train_stage(trainer: Any, config: StageRunConfig, *, stage: str,
   # Records longer than max_length, cut to fit (each stage's warning names them).
   summary["cut_records"] = int(sum(trainer.cut_records.values()))
   return summary, complete and not history.preempted
+
+
+def check_adapter_vocab(config: BaseRunConfig, model: Any, base_path: str, *,
+                        field: str) -> None:
+  """With `config.export_adapter_dir`: `model` (the policy, after `grow_vocab`) has the vocabulary
+  of its starting model at `base_path` (`field` names it); a grown vocabulary's new embedding rows
+  are no adapter weights, so PEFT on the starting model could not read the new ids. One
+  ValueError, before training."""
+  if config.export_adapter_dir is None:
+    return
+  base = load_config(base_path).vocab_size
+  if model.config.vocab_size != base:
+    raise ValueError(
+        f"{type(config).__name__}.export_adapter_dir={config.export_adapter_dir!r}: the run grew "
+        f"the vocabulary of {field}={base_path!r} from {base} to {model.config.vocab_size} ids "
+        "(resize_embeddings), and a PEFT adapter holds only the LoRA matrices, not the new "
+        "embedding rows. Remove export_adapter_dir and use the merged export, or give "
+        "pad_token an existing token so that nothing grows.")
+
+
+def write_adapter(config: BaseRunConfig, model: Any, *, base_model: str,
+                  tokenizer: Any) -> str | None:
+  """Writes `model`'s adapters to `config.export_adapter_dir` (when set) as a PEFT adapter folder
+  with the tokenizer, atomically (`jax_ppo.training.export.export_adapter`; several processes:
+  every process calls it, process 0 writes). Returns the folder, or None when unset."""
+  if config.export_adapter_dir is None:
+    return None
+  field = f"{type(config).__name__}.export_adapter_dir"
+  path = export_adapter(model, config.export_adapter_dir, base_model=base_model,
+                        tokenizer=tokenizer, field=field)
+  logger.info("PEFT adapter written to %s.", path)
+  return str(path)
 
 
 def check_run_mesh(config_name: str, mesh: MeshConfig | None) -> None:
@@ -476,10 +545,12 @@ __all__ = [
     "Records",
     "STAGE_OPERATIONAL_FIELDS",
     "StageRunConfig",
+    "check_adapter_vocab",
     "check_model_folder",
     "check_run_mesh",
     "check_records_file",
     "load_stage_config",
     "read_records",
     "train_stage",
+    "write_adapter",
 ]

@@ -7,7 +7,8 @@ chosen, rejected, as text or chats, with an explicit or implicit prompt;
 `config.run_dir` against a frozen reference (the starting model; `reference_path` another folder;
 with LoRA the base weights) and, when the run is complete, evaluates the held-out split and
 writes the policy (LoRA merged) with its tokenizer to `config.export_path`, atomically, the
-folder PPO (`policy_path`) or evaluation reads. Running it again resumes.
+folder PPO (`policy_path`) or evaluation reads (with `export_adapter_dir`, also the LoRA adapters
+alone as a PEFT adapter folder). Running it again resumes.
 
 Example config (YAML)::
 
@@ -45,6 +46,7 @@ from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.runs.common import (
   DTYPES,
   StageRunConfig,
+  check_adapter_vocab,
   check_model_folder,
   check_records_file,
   check_run_mesh,
@@ -52,6 +54,7 @@ from jax_ppo.runs.common import (
   load_stage_config,
   read_records,
   train_stage,
+  write_adapter,
 )
 from jax_ppo.runs.context import check_fits_context
 from jax_ppo.runs.paths import PathField
@@ -134,6 +137,7 @@ def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer:
     return model
 
   model = load(config.model_path, "policy")
+  check_adapter_vocab(config, model, config.model_path, field="DPORunConfig.model_path")
   reference = None if config.reference_path is None else load(config.reference_path,
                                                               "reference")
   if config.lora is not None:
@@ -148,7 +152,8 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
 
   Returns:
     `{"stage": "dpo", "run_dir", "step", "total_steps", "steps_run", "complete", "preempted",
-    "export_dir" (None until complete), "cut_records" (records cut to max_length),
+    "export_dir" (None until complete), "adapter_dir" (the PEFT adapter folder once written,
+    with `export_adapter_dir`), "cut_records" (records cut to max_length),
     "train/loss", "rewards/accuracies", "rewards/margins" (the last step's, when a step ran),
     and "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins" with a held-out split}`.
   """
@@ -165,6 +170,8 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
                                                 "eval/rewards/margins")})
       summary["export_dir"] = str(trainer.export(config.export_path))
       logger.info("DPO policy written to %s.", config.export_path)
+      summary["adapter_dir"] = write_adapter(
+          config, trainer.model(), base_model=config.model_path, tokenizer=trainer.tokenizer)
     return summary
   finally:
     trainer.close()

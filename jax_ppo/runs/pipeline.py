@@ -262,9 +262,9 @@ def load_pipeline(argv: Sequence[str]) -> dict[str, Any]:
 def check_pipeline_paths(configs: Mapping[str, Any]) -> None:
   """Across stages: no stage writes over what another reads (each stage's config checks its
   own paths; `jax_ppo.runs.paths.check_run_paths`). The folders one stage exports for the next
-  (the SFT and reward-model exports) are outputs, not inputs; every run folder, every export and
-  the PPO export `<ppo run_dir>/hf_model` are checked against every other path the stages read,
-  and no export may be or hold a stage's run folder.
+  (the SFT and reward-model exports) are outputs, not inputs; every run folder, every export
+  (PEFT adapter exports too) and the PPO export `<ppo run_dir>/hf_model` are checked against
+  every other path the stages read, and no export may be or hold a stage's run folder.
 
   Raises:
     ValueError: naming the stages' fields (`sft.run_dir`, `reward.model_path`, ...) and paths.
@@ -277,6 +277,7 @@ def check_pipeline_paths(configs: Mapping[str, Any]) -> None:
     run_dirs.append((f"{name}.run_dir", config.run_dir))
     exports.append((f"{name}.export_dir", str(config.export_path)) if name != "ppo" else
                    ("ppo.run_dir/hf_model", os.path.join(config.run_dir, "hf_model")))
+    exports += config.adapter_exports(prefix=name)
     inputs += config.read_paths(prefix=name)
   handed = {resolved(path) for _, path in exports}
   inputs = [(field, path) for field, path in inputs

@@ -50,7 +50,13 @@ from jax_ppo.rewards.specs import (
   reward_function,
   reward_source_names,
 )
-from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab
+from jax_ppo.runs.common import (
+  DTYPES,
+  check_adapter_vocab,
+  check_run_mesh,
+  grow_vocab,
+  write_adapter,
+)
 from jax_ppo.runs.context import prompt_token_budget
 from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
@@ -208,6 +214,7 @@ def build_trainer(
     _check_folder(field, getattr(config, field))
   if open_run:
     check_run_folder_stage(config.run_dir, "ppo", field="RunConfig.run_dir")
+    config.check_adapter_export_target()
   check_scalar_heads(config, critic=open_run)
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
@@ -233,6 +240,8 @@ def build_trainer(
                            remat=config.remat, mesh=mesh)
   grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, policy.config)
+  if open_run:
+    check_adapter_vocab(config, policy, config.policy_path, field="RunConfig.policy_path")
   if config.lora is not None:
     add_lora(policy, config.lora, rngs=nnx.Rngs(config.ppo.seed))
   reference = None
@@ -329,7 +338,9 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   Runs `config.run.updates_per_run` updates (default: to `ppo.total_updates`), checkpointing into
   `config.run_dir`; calling it again with the same configuration continues the run. SIGTERM or
   SIGINT during training saves a checkpoint and returns early: the returned history's
-  `preempted` then names the signal (see `jax_ppo.training.loop`).
+  `preempted` then names the signal (see `jax_ppo.training.loop`). With
+  `config.export_adapter_dir`, an invocation that ends with the run complete (not preempted)
+  writes the policy's LoRA adapters there as a PEFT adapter folder (`write_adapter`).
   """
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   guide_advice(config)
@@ -338,7 +349,12 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
     if trainer.step_count >= config.ppo.total_updates:
       logger.info("%s is complete (step %d of %d); nothing to do.", config.run_dir,
                   trainer.step_count, config.ppo.total_updates)
-    return trainer.train(config.run.updates_per_run)
+    history = trainer.train(config.run.updates_per_run)
+    if (trainer.step_count >= config.ppo.total_updates
+        and not getattr(history, "preempted", None)):
+      write_adapter(config, trainer.policy_model(), base_model=config.policy_path,
+                    tokenizer=trainer.tokenizer)
+    return history
   finally:
     trainer.close()
 

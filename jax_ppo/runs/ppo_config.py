@@ -36,8 +36,8 @@ from jax_ppo.rewards.specs import (
 from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
 from jax_ppo.runs.paths import PathField, check_run_paths
 
-OPERATIONAL_FIELDS = ("run_dir", "run", "monitor", "remat", "mesh", "placement", "distributed",
-                      "compilation_cache_dir", "value_model_new_head")
+OPERATIONAL_FIELDS = ("run_dir", "export_adapter_dir", "run", "monitor", "remat", "mesh",
+                      "placement", "distributed", "compilation_cache_dir", "value_model_new_head")
 """`RunConfig` fields (dotted keys or prefixes: `run` is the whole run block) that may change
 between invocations of one run (they do not change what is computed: `value_model_new_head` only
 shapes the critic a run starts with, which a resumed run restores from its checkpoint); a
@@ -163,7 +163,8 @@ class RunConfig(BaseRunConfig):
     if self.remat not in REMAT_POLICIES:
       bad("remat", f"choose one of {list(REMAT_POLICIES)}")
     self._check_placement()
-    check_run_paths(inputs=self.read_paths(), run_dirs=[("RunConfig.run_dir", self.run_dir)])
+    check_run_paths(inputs=self.read_paths(), run_dirs=[("RunConfig.run_dir", self.run_dir)],
+                    exports=self.adapter_exports())
 
   def read_paths(self, prefix: str = "RunConfig") -> list[PathField]:
     """The paths the run reads, as `(field, path)` (unset fields: None): the policy (also the

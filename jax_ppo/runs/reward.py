@@ -119,6 +119,10 @@ class RewardRunConfig(StageRunConfig):
                        f"{type(self.reward).__name__}.")
     if not isinstance(self.normalise, bool):
       bad("normalise", "use true or false")
+    if self.export_adapter_dir is not None:
+      bad("export_adapter_dir", "a reward model's trained score head (and normalisation) is no "
+                                "LoRA weight, so a PEFT adapter cannot carry it; remove "
+                                "export_adapter_dir (export_dir holds the whole reward model)")
     for field in ("policy_path", "normalise_prompts_path"):
       value = getattr(self, field)
       if value is not None and (not isinstance(value, str) or not value):

@@ -5,8 +5,9 @@ The first RLHF stage on a user's own checkpoint: a local Hugging Face causal-LM 
 trains with `SFTTrainer` in `config.run_dir` (config.yaml, metrics.jsonl, checkpoints, progress
 bar) and, when the run is complete, evaluates the held-out split and writes the model (LoRA
 merged) with its tokenizer to `config.export_path`, the folder the reward-model and PPO stages
-start from. Running it again on the same run folder resumes from the latest checkpoint (a run
-whose computing fields changed is refused); a complete run only exports again.
+start from (with `export_adapter_dir`, also the LoRA adapters alone as a PEFT adapter folder).
+Running it again on the same run folder resumes from the latest checkpoint (a run whose
+computing fields changed is refused); a complete run only exports again.
 
 Example config (YAML)::
 
@@ -47,6 +48,7 @@ from jax_ppo.parallel.mesh import make_mesh
 from jax_ppo.runs.common import (
   DTYPES,
   StageRunConfig,
+  check_adapter_vocab,
   check_model_folder,
   check_records_file,
   check_run_mesh,
@@ -54,6 +56,7 @@ from jax_ppo.runs.common import (
   load_stage_config,
   read_records,
   train_stage,
+  write_adapter,
 )
 from jax_ppo.runs.context import check_fits_context
 from jax_ppo.runs.run_folders import check_run_folder_stage
@@ -115,6 +118,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
                           param_dtype=jnp.float32, mesh=mesh)
   grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what="policy")
   check_vocab_covers(tokenizer, model.config)
+  check_adapter_vocab(config, model, config.model_path, field="SFTRunConfig.model_path")
   if config.lora is not None:
     add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
   return SFTTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
@@ -127,8 +131,9 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
 
   Returns:
     `{"stage": "sft", "run_dir", "step", "total_steps", "steps_run", "complete", "preempted",
-    "export_dir" (None until complete), "cut_records" (records cut to max_length),
-    "train/loss" (the last step's, when a step ran), and the held-out "eval/loss" and
+    "export_dir" (None until complete), "adapter_dir" (the PEFT adapter folder once written,
+    with `export_adapter_dir`), "cut_records" (records cut to max_length), "train/loss" (the
+    last step's, when a step ran), and the held-out "eval/loss" and
     "eval/perplexity" when there is a held-out split}`.
   """
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
@@ -141,6 +146,8 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
         summary.update({k: metrics[k] for k in ("eval/loss", "eval/perplexity")})
       summary["export_dir"] = str(trainer.export(config.export_path))
       logger.info("SFT model written to %s.", config.export_path)
+      summary["adapter_dir"] = write_adapter(
+          config, trainer.model(), base_model=config.model_path, tokenizer=trainer.tokenizer)
     return summary
   finally:
     trainer.close()

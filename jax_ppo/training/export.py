@@ -14,6 +14,11 @@ a half-written model at `path`. An existing export at `path` (a folder holding `
 earlier export of the same run, exported again) is replaced, and removed only after the new one
 is complete; a non-empty folder that is not a model folder, or a file, is refused
 (`check_export_target`), never deleted.
+
+`export_adapter(model, path, base_model=..., tokenizer=...)` writes a LoRA model's adapters alone
+as a PEFT adapter folder (`jax_ppo.models.save_peft_adapter`: `adapter_config.json`,
+`adapter_model.safetensors`) with the tokenizer, the same way (its marker of an earlier export is
+`adapter_config.json`).
 """
 
 from __future__ import annotations
@@ -24,22 +29,28 @@ import shutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jax_ppo.models import save_pretrained
+from jax_ppo.models import has_lora, save_peft_adapter, save_pretrained
 from jax_ppo.parallel.distributed import barrier, is_main_process
 
 TMP_SUFFIX = ".export-tmp"
 """Suffix of the folder an export is written to before it is renamed into place."""
 OLD_SUFFIX = ".export-old"
 """Suffix an existing export is renamed to while the new one replaces it (then removed)."""
+MODEL_MARKER = "config.json"
+"""The file that marks a folder as a model export (replaceable by the next export)."""
+ADAPTER_MARKER = "adapter_config.json"
+"""The file that marks a folder as a PEFT adapter export (`export_adapter`)."""
 
 
-def check_export_target(path: str | os.PathLike, *, field: str = "export folder") -> None:
-  """Nothing when `path` is absent, an empty folder or a model folder (`config.json`: an earlier
-  export, replaced by the next); otherwise a ValueError naming `field`, the path and the fix.
+def check_export_target(path: str | os.PathLike, *, field: str = "export folder",
+                        marker: str = MODEL_MARKER) -> None:
+  """Nothing when `path` is absent, an empty folder or an earlier export (it holds `marker`:
+  `config.json` for a model, `adapter_config.json` for a PEFT adapter; replaced by the next);
+  otherwise a ValueError naming `field`, the path and the fix.
 
   Raises:
-    ValueError: `path` is a file, or a non-empty folder without `config.json` (files an export
-      would delete).
+    ValueError: `path` is a file, or a non-empty folder without `marker` (files an export would
+      delete).
   """
   path = pathlib.Path(path)
   if not os.path.lexists(path):
@@ -48,16 +59,18 @@ def check_export_target(path: str | os.PathLike, *, field: str = "export folder"
     raise ValueError(f"{field}={str(path)!r} is a file, not a folder; give a folder for the "
                      "exported model (new, empty, or an earlier export to replace).")
   entries = sorted(p.name for p in path.iterdir())
-  if entries and "config.json" not in entries:
+  if entries and marker not in entries:
     shown = ", ".join(entries[:5]) + (", ..." if len(entries) > 5 else "")
+    what = "no model" if marker == MODEL_MARKER else "no PEFT adapter"
     raise ValueError(
-        f"{field}={str(path)!r} is a folder that holds no model (no config.json; it holds "
+        f"{field}={str(path)!r} is a folder that holds {what} (no {marker}; it holds "
         f"{shown}): an export replaces its folder whole and would delete them. Give a new or "
         "empty folder, or an earlier export to replace.")
 
 
 def write_folder_atomically(write: Callable[[pathlib.Path], Any], path: str | os.PathLike,
-                            *, field: str = "export folder") -> pathlib.Path:
+                            *, field: str = "export folder",
+                            marker: str = MODEL_MARKER) -> pathlib.Path:
   """Runs `write(tmp)` into `<path>.export-tmp` beside `path`, then moves it to `path`.
 
   An existing folder at `path` is renamed aside (`<path>.export-old`) and removed only once the
@@ -69,12 +82,13 @@ def write_folder_atomically(write: Callable[[pathlib.Path], Any], path: str | os
     write: writes the complete folder at the path it is given.
     path: the target folder (its parents are created).
     field: how errors name `path`.
+    marker: the file of an earlier export that may be replaced (`check_export_target`).
 
   Returns:
     `path`.
   """
   path = pathlib.Path(path)
-  check_export_target(path, field=field)
+  check_export_target(path, field=field, marker=marker)
   tmp = path.with_name(path.name + TMP_SUFFIX)
   old = path.with_name(path.name + OLD_SUFFIX)
   main = is_main_process()
@@ -136,10 +150,54 @@ def export_pretrained(
   return write_folder_atomically(write, path)
 
 
+def export_adapter(
+    model: Any,
+    path: str | os.PathLike,
+    *,
+    base_model: str | None = None,
+    tokenizer: Any = None,
+    dtype: Any = None,
+    field: str = "adapter export folder",
+) -> pathlib.Path:
+  """Writes the LoRA adapters of `model` (a `CausalLM`) as a PEFT adapter folder at `path`,
+  atomically (`write_folder_atomically`, marker `adapter_config.json`); the merged export
+  (`export_pretrained`) is separate.
+
+  Args:
+    model: the NNX module whose adapters are written (`jax_ppo.models.save_peft_adapter`).
+    path: output folder (created; an earlier adapter export there is replaced once this one is
+      complete).
+    base_model: the base model's name or folder, the adapter's `base_model_name_or_path`.
+    tokenizer: saved next to the adapter when it has `save_pretrained` (None: none).
+    dtype: dtype of the written tensors (None keeps the adapters' parameter dtype).
+    field: how errors name `path`.
+
+  Returns:
+    The folder written.
+
+  Raises:
+    ValueError: `model` has no adapters (before anything is written), or `path` is a file or a
+      non-empty folder that holds no adapter.
+  """
+  if not has_lora(model):
+    raise ValueError(f"{field}={str(path)!r}: the model has no LoRA adapters to write as a PEFT "
+                     "adapter; train with a `lora` block, or use the merged export.")
+
+  def write(folder: pathlib.Path) -> None:
+    save_peft_adapter(model, str(folder), base_model=base_model, dtype=dtype)
+    if is_main_process() and tokenizer is not None and hasattr(tokenizer, "save_pretrained"):
+      tokenizer.save_pretrained(str(folder))
+
+  return write_folder_atomically(write, path, field=field, marker=ADAPTER_MARKER)
+
+
 __all__ = [
+    "ADAPTER_MARKER",
+    "MODEL_MARKER",
     "OLD_SUFFIX",
     "TMP_SUFFIX",
     "check_export_target",
+    "export_adapter",
     "export_pretrained",
     "write_folder_atomically",
 ]

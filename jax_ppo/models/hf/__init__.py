@@ -5,7 +5,9 @@
 * `load`: `from_pretrained`, `load_scalar_model` (`has_score_head`: does a folder hold one),
   `load_config`; the plan is filled on the host or, given a mesh, straight into each device's
   shards;
-* `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`).
+* `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`);
+* `peft`: `save_peft_adapter`, a LoRA model's adapters as a PEFT adapter folder
+  (`adapter_config.json`, `adapter_model.safetensors`) that `peft.PeftModel.from_pretrained` loads.
 """
 
 from jax_ppo.models.hf.load import (
@@ -20,6 +22,7 @@ from jax_ppo.models.hf.load import (
     read_slice,
     tensor_shape,
 )
+from jax_ppo.models.hf.peft import ADAPTER_CONFIG, ADAPTER_WEIGHTS, peft_adapter, save_peft_adapter
 from jax_ppo.models.hf.save import save_pretrained
 from jax_ppo.models.hf.tensors import (
     INDEX_FILE,
@@ -33,6 +36,8 @@ from jax_ppo.models.hf.tensors import (
 )
 
 __all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "INDEX_FILE",
     "SCORE_BIAS_KEY",
     "SINGLE_FILE",
@@ -47,8 +52,10 @@ __all__ = [
     "load_config",
     "load_params",
     "load_scalar_model",
+    "peft_adapter",
     "read_plan",
     "read_slice",
+    "save_peft_adapter",
     "save_pretrained",
     "tensor_shape",
     "tensor_specs",
