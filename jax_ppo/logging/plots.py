@@ -24,10 +24,9 @@ How a series is drawn:
   is more than `LOG_SPAN` times the smallest (`use_log_scale`); on a log axis the EMA averages
   `log10` of the values.
 
-`Panel`, `Series`, `panel_series`, `draw_panel`, `make_figure` and `write_figure` are the building
-blocks; the
-quickstart (`jax_ppo.quickstart.report`) picks its own series from its output folder and draws
-them with them.
+`Panel`, `Series`, `panel_series`, `draw_panel`, `make_figure` and `write_figure` are the
+building blocks: the quickstart (`jax_ppo.quickstart.report`) only says which series of its
+output folder each of its figures shows, and draws them with these.
 
 matplotlib is imported lazily and used without pyplot (a bare `Figure`: no display, no global
 state); without it `write_plots` and `write_figure` raise `ImportError` naming the package.
@@ -71,6 +70,7 @@ UNSMOOTHED_PREFIXES = ("eval/", "gold/")
 held-out set."""
 
 SCALES = ("auto", "linear", "log")
+"""The values of `Panel.scale`."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
