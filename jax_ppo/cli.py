@@ -70,8 +70,10 @@ def _parser() -> argparse.ArgumentParser:
 
   plot = commands.add_parser(
       "plot", help="write PNG plots of a run's metrics",
-      description="Write PNG plots of RUN_DIR/metrics.jsonl (reward, KL, entropy, response "
-                  "length; loss and accuracy of SFT and reward-model runs) into RUN_DIR/plots.",
+      description="Write PNG plots of RUN_DIR/metrics.jsonl into RUN_DIR/plots: one per panel of "
+                  "the run's stage (PPO: reward, KL and entropy per response and per token, "
+                  "response length, losses; SFT, reward model, DPO: loss, accuracy, ...) and "
+                  "overview.png.",
   )
   plot.add_argument("run_dir", metavar="RUN_DIR", help="run folder holding metrics.jsonl")
   plot.add_argument("--out", help="output folder (default RUN_DIR/plots)")
@@ -331,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(str(e)) from None
       if not paths:
         raise ValueError(f"{args.run_dir!r}: metrics.jsonl holds none of the plotted metrics "
-                         "(reward, KL, entropy, response length, loss, accuracy) yet.")
+                         "of a PPO, SFT, reward-model or DPO run yet.")
       print(json.dumps({"plots": [str(p) for p in paths]}))
     else:
       from jax_ppo.parallel.distributed import initialize

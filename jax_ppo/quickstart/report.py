@@ -1,4 +1,8 @@
-"""Plots and the before/after table of the quickstart, read from its output folder."""
+"""Plots and the before/after table of the quickstart, read from its output folder.
+
+The figures say which series of which file to draw (`PLOTS`, `REWARD_KL`); the drawing (labels,
+units, EMA, log scale, the shaded reward-hacking gap) is `jax_ppo.logging.plots`'.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,69 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from jax_ppo.logging.plots import (
+    OVERVIEW_FILE,
+    PLOTS_DIR,
+    Panel,
+    Series,
+    panel_series,
+    read_metrics,
+    write_figure,
+)
 from jax_ppo.quickstart.stages import read_jsonl
 
-# (file name, title, [(run sub-folder or "" for out/metrics.jsonl, stage filter, metric, label)])
+SOURCES = ("sft", "reward_model", "ppo")
+"""Where a quickstart figure reads its metrics: the run folder `out/<source>/metrics.jsonl`;
+for "ppo" also the evaluation records of `out/metrics.jsonl` (`eval/...`, `gold/...`)."""
+
 PLOTS = (
-    ("sft_loss.png", "SFT loss", [("sft", None, "train/loss", "train"),
-                                  ("sft", None, "eval/loss", "held-out")]),
-    ("rm_accuracy.png", "Reward-model accuracy", [
-        ("reward_model", None, "train/accuracy", "train"),
-        ("reward_model", None, "eval/accuracy", "held-out")]),
-    ("ppo_reward.png", "PPO reward", [
-        ("ppo", None, "objective/scores", "reward model (rollouts)"),
-        ("", "ppo", "eval/score_mean", "reward model (eval)"),
-        ("", "ppo", "gold/gold_score", "gold score (eval)")]),
-    ("ppo_kl.png", "KL to the SFT model (nats per response)", [
-        ("ppo", None, "objective/kl", "rollouts"), ("", "ppo", "eval/kl", "eval")]),
-    ("ppo_entropy.png", "Policy entropy (nats per token)", [
-        ("ppo", None, "policy/entropy_avg", "updates"),
-        ("", "ppo", "eval/entropy", "eval (-log-prob of samples)")]),
-    ("ppo_response_length.png", "Response length", [
-        ("ppo", None, "response_length/mean", "tokens (rollouts)"),
-        ("", "ppo", "gold/length_words", "words (eval)")]),
+    ("sft_loss.png", "sft", Panel(
+        title="SFT cross-entropy loss", ylabel="nats per token",
+        metrics=("train/loss", "eval/loss"),
+        labels=(("train/loss", "train batches"), ("eval/loss", "held-out reviews")))),
+    ("rm_accuracy.png", "reward_model", Panel(
+        title="Reward-model preference accuracy", ylabel="fraction of pairs ranked right",
+        metrics=("train/accuracy", "eval/accuracy"), scale="linear",
+        labels=(("train/accuracy", "train batches"), ("eval/accuracy", "held-out pairs")))),
+    ("ppo_reward.png", "ppo", Panel(
+        title="PPO reward", ylabel="score (unitless)", xlabel="update",
+        metrics=("objective/scores", "eval/score_mean", "gold/gold_score"),
+        labels=(("objective/scores", "reward model (rollouts)"),
+                ("eval/score_mean", "reward model (evaluation)"),
+                ("gold/gold_score", "gold score (evaluation)")))),
+    ("ppo_kl.png", "ppo", Panel(
+        title="KL to the SFT model, per response", ylabel="nats per response", xlabel="update",
+        metrics=("objective/kl", "eval/kl"),
+        labels=(("objective/kl", "rollouts"), ("eval/kl", "evaluation samples")))),
+    ("ppo_entropy.png", "ppo", Panel(
+        title="Policy entropy, per token", ylabel="nats per token", xlabel="update",
+        metrics=("policy/entropy_avg", "eval/entropy"),
+        labels=(("policy/entropy_avg", "rollout tokens"),
+                ("eval/entropy", "evaluation (-log-prob of the samples)")))),
+    ("ppo_response_length.png", "ppo", Panel(
+        title="Response length", ylabel="tokens", xlabel="update",
+        metrics=("rollout/response_length", "eval/response_length"),
+        labels=(("rollout/response_length", "rollouts"),
+                ("eval/response_length", "evaluation samples")))),
 )
+"""(file name, source, panel) of the quickstart's one-panel figures in `out/plots/`."""
+
+REWARD_KL_FILE = "ppo_reward_kl.png"
+REWARD_KL = (
+    Panel(title="Gold score and reward-model score of the evaluation samples",
+          ylabel="score (unitless)", xlabel="update",
+          metrics=("eval/score_mean", "gold/gold_score"), scale="linear",
+          labels=(("eval/score_mean", "reward-model score (normalised on SFT samples)"),
+                  ("gold/gold_score", "gold score (never seen in training)")),
+          gap=("eval/score_mean", "gold/gold_score", "reward-hacking gap (RM - gold)")),
+    Panel(title="KL to the SFT model of the evaluation samples", ylabel="nats per response",
+          xlabel="update", metrics=("eval/kl",), scale="linear",
+          labels=(("eval/kl", "KL to the SFT model"),)),
+)
+"""The two stacked panels of `ppo_reward_kl.png`, the quickstart's headline figure: the gold
+and reward-model scores with the reward-hacking gap (reward-model score minus gold score)
+shaded, above the KL to the SFT model that buys them."""
+
 
 TABLE_ROWS = (
     ("gold score", "gold/gold_score", "+.3f"),
@@ -40,83 +85,47 @@ TABLE_ROWS = (
 )
 
 
-def _series(out: pathlib.Path, folder: str, stage: str | None, metric: str):
-  path = out / folder / "metrics.jsonl" if folder else out / "metrics.jsonl"
-  points = [(r["step"], r[metric]) for r in read_jsonl(path)
-            if metric in r and (stage is None or r.get("stage") == stage)]
-  return [p[0] for p in points], [p[1] for p in points]
+def quickstart_metrics(out: str | pathlib.Path) -> dict[str, dict[str, tuple[list, list]]]:
+  """Source (`SOURCES`) -> metric -> (steps, values) of the quickstart folder `out`; a source
+  whose file is missing (its stage has not run) is empty."""
+  out = pathlib.Path(out)
+
+  def read(path: pathlib.Path, stage: str | None = None):
+    return read_metrics(path, stage=stage) if path.is_file() else {}
+
+  metrics = {source: read(out / source / "metrics.jsonl") for source in SOURCES}
+  metrics["ppo"] = {**metrics["ppo"], **read(out / "metrics.jsonl", stage="ppo")}
+  return metrics
+
+
+def figures(out: str | pathlib.Path) -> dict[str, list[tuple[Panel, list[Series]]]]:
+  """File name -> the `(panel, series)` of each quickstart figure with data in `out`: the
+  entries of `PLOTS`, `ppo_reward_kl.png` (`REWARD_KL`, once PPO has evaluated) and
+  `overview.png` with every panel of the others."""
+  metrics = quickstart_metrics(out)
+  found: dict[str, list[tuple[Panel, list[Series]]]] = {}
+  for name, source, panel in PLOTS:
+    series = panel_series(metrics[source], panel)
+    if series:
+      found[name] = [(panel, series)]
+  headline = [(panel, panel_series(metrics["ppo"], panel)) for panel in REWARD_KL]
+  if all(series for _, series in headline):
+    found[REWARD_KL_FILE] = headline
+  if found:
+    found[OVERVIEW_FILE] = [drawn for panels in found.values() for drawn in panels]
+  return found
 
 
 def write_plots(out: str | pathlib.Path) -> list[pathlib.Path]:
-  """One PNG per entry of `PLOTS` in `out/plots/`, `overview.png` with every panel and
-  `ppo_reward_kl.png`; returns the files written (a plot without data is skipped)."""
-  import matplotlib
+  """Writes `figures(out)` as PNGs into `out/plots/`; returns the files written.
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  out = pathlib.Path(out)
-  (out / "plots").mkdir(parents=True, exist_ok=True)
-  written = []
-  fig_all, axes = plt.subplots(2, 3, figsize=(15, 8))
-  for (name, title, lines), ax_all in zip(PLOTS, axes.flat, strict=True):
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    drawn = False
-    for folder, stage, metric, label in lines:
-      x, y = _series(out, folder, stage, metric)
-      if not x:
-        continue
-      style = "o-" if folder == "" or len(x) < 20 else "-"
-      for a in (ax, ax_all):
-        a.plot(x, y, style, label=label, markersize=3)
-      drawn = True
-    for a in (ax, ax_all):
-      a.set_title(title)
-      a.set_xlabel("step")
-      a.grid(alpha=0.3)
-      if drawn:
-        a.legend(fontsize=8)
-    if drawn:
-      fig.tight_layout()
-      fig.savefig(out / "plots" / name, dpi=100)
-      written.append(out / "plots" / name)
-    plt.close(fig)
-  fig_all.tight_layout()
-  fig_all.savefig(out / "plots" / "overview.png", dpi=80)
-  plt.close(fig_all)
-  written.append(out / "plots" / "overview.png")
-  path = _reward_kl_plot(out, plt)
-  if path is not None:
-    written.append(path)
-  return written
-
-
-def _reward_kl_plot(out: pathlib.Path, plt) -> pathlib.Path | None:
-  """`plots/ppo_reward_kl.png`: gold and reward-model scores of the evaluations (left axis) and
-  the KL to the SFT model (right axis), against PPO updates."""
-  x, gold = _series(out, "", "ppo", "gold/gold_score")
-  if not x:
-    return None
-  _, reward = _series(out, "", "ppo", "eval/score_mean")
-  _, kl = _series(out, "", "ppo", "eval/kl")
-  fig, ax = plt.subplots(figsize=(6, 3.8))
-  ax.plot(x, gold, "o-", color="tab:green", label="gold score (not seen in training)")
-  ax.plot(x, reward, "s-", color="tab:blue", label="reward model (normalised)")
-  ax.set_xlabel("PPO update")
-  ax.set_ylabel("score")
-  ax.grid(alpha=0.3)
-  ax2 = ax.twinx()
-  ax2.plot(x, kl, "^--", color="tab:red", label="KL to SFT (nats)")
-  ax2.set_ylabel("KL to SFT (nats per response)")
-  handles = ax.get_legend_handles_labels()
-  handles2 = ax2.get_legend_handles_labels()
-  ax.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="center right")
-  ax.set_title("Quickstart PPO: evaluation samples")
-  fig.tight_layout()
-  path = out / "plots" / "ppo_reward_kl.png"
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  Raises:
+    ImportError: matplotlib is not installed.
+  """
+  layout = {REWARD_KL_FILE: {"panel_size": (7.0, 3.6)},
+            OVERVIEW_FILE: {"ncols": 4, "panel_size": (5.0, 3.6), "dpi": 80}}
+  return [write_figure(pathlib.Path(out) / PLOTS_DIR / name, panels, **layout.get(name, {}))
+          for name, panels in figures(out).items()]
 
 
 def ppo_evaluations(out: str | pathlib.Path) -> list[dict[str, Any]]:

@@ -124,8 +124,9 @@ class PPORunFolder(RunFolder):
   """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
   configuration is passed as `config`, the run folder as `dir`."""
   plots: bool = True
-  """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
-  each invocation (also `jax-ppo plot RUN_DIR`)."""
+  """Write PNG plots of `metrics.jsonl` into `run_dir/plots` at the end of each invocation: one
+  per panel (reward, KL and entropy per response and per token, response length, losses, ...)
+  and `overview.png` (`jax_ppo.logging.plots`; also `jax-ppo plot RUN_DIR`)."""
   rollback: bool = False
   """Roll back to the last good checkpoint when the monitor reports a collapse."""
   rollback_lr_factor: float = 0.5
