@@ -12,7 +12,8 @@ loss), `update` (epochs x minibatches x microbatches); `steps` (the compiled fac
 `programs` (how they compile), `placed_steps` / `placed_critic` (roles on sub-meshes of their own),
 `prompt_shards` (each process's prompt rows), `trainer` (host orchestration), `monitor` (the
 stability monitor, the trainer's hook on the run loop), `presets` (scenario presets and the
-hyperparameter guide), `eval_metrics`, `perf` (MFU).
+hyperparameter guide), `eval_metrics`, `evaluation` (held-out prompts: the metrics of `jax-ppo
+eval` and the hook that logs them during training), `perf` (MFU).
 """
 
 from jax_ppo.ppo.batch import Batch

@@ -11,6 +11,8 @@ With a `run_dir`, `train()` also runs the run's bookkeeping after every update (
   TensorBoard, and a tqdm progress bar;
 * `StabilityMonitor` (`jax_ppo.ppo.monitor`, the trainer's hook on the run loop): warnings are
   logged (`jax_ppo.monitor`) and counted in `monitor/warnings`;
+* `HeldOutEvalHook` (`jax_ppo.ppo.evaluation`, with `evaluation`): held-out prompts sampled and
+  scored every `evaluation.every` updates and after the last, logged under `eval/`;
 * `RunCheckpointer` (`run_dir/checkpoints`): the `TrainState` plus the data position, the
   monitor's state and the host step, every `save_every` updates and at the end of `train()`;
 * `run_dir/config.yaml`: the run's configuration (`run_config`, default the `PPOConfig`).
@@ -74,6 +76,7 @@ from jax_ppo.parallel.placement import Placement
 from jax_ppo.ppo import perf, prompt_shards
 from jax_ppo.ppo.batch import Batch
 from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.ppo.evaluation import HeldOutEval, HeldOutEvalHook
 from jax_ppo.ppo.monitor import MonitorConfig, StabilityMonitor
 from jax_ppo.ppo.placed_steps import (
   critic_split,
@@ -145,6 +148,9 @@ class PPOTrainer(RunStage):
     run_options: logging, checkpointing and rollback settings (`RunOptions`).
     monitor: thresholds of the stability monitor (`MonitorConfig`; None: the defaults), the
       trainer's hook on the run loop: its collapses trigger `run_options.rollback`.
+    evaluation: held-out prompts evaluated during training with a run folder (`HeldOutEval`:
+      every `evaluation.every` updates and after the last; `jax_ppo.ppo.evaluation`), their
+      `eval/...` metrics logged with the update's. None: no evaluation during training.
     run_config: the dataclass written to `run_dir/config.yaml` and stored with every checkpoint
       (default: `config`); resuming under a different one raises `CheckpointConfigMismatch`
       naming the differing fields (except `run_options.resume_ignore`).
@@ -179,6 +185,7 @@ class PPOTrainer(RunStage):
       run_dir: str | os.PathLike | None = None,
       run_options: RunOptions | None = None,
       monitor: MonitorConfig | None = None,
+      evaluation: HeldOutEval | None = None,
       run_config: Any = None,
       mesh: Mesh | None = None,
       placement: Placement | None = None,
@@ -280,12 +287,15 @@ class PPOTrainer(RunStage):
       raise ValueError(f"PPOTrainer(monitor=...) takes a jax_ppo.ppo.monitor.MonitorConfig, got "
                        f"{type(monitor).__name__}.")
     self.stability_monitor = StabilityMonitor(monitor)
+    hooks = (self.stability_monitor,)  # (the monitor never sees the held-out metrics)
+    if evaluation is not None:
+      hooks += (HeldOutEvalHook(self, evaluation, last_step=c.total_updates),)
     self.run_config = run_config if run_config is not None else config
     self.preempted: str | None = None
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir), options=self.run_options,
         run_config=self.run_config, total_steps=c.total_updates,
-        max_consecutive_skips=c.max_consecutive_skips, hooks=(self.stability_monitor,),
+        max_consecutive_skips=c.max_consecutive_skips, hooks=hooks,
     )
 
   # -- run folder: resume, logging, checkpoints (`RunLoop`) -----------------------------------

@@ -50,9 +50,9 @@ from jax_ppo.config_io import (
   parse_override,
   read_config_file,
 )
+from jax_ppo.ppo.evaluation import check_eval_sampling
 from jax_ppo.runs.paths import check_run_paths, resolved
 from jax_ppo.runs.ppo import (
-  check_eval_sampling,
   check_prompts_file,
   evaluate_run,
   export_run,
@@ -94,9 +94,6 @@ class PipelineEval:
     if not isinstance(self.prompts_path, str) or not self.prompts_path:
       raise ValueError(f"eval.prompts_path={self.prompts_path!r} is invalid: give a held-out "
                        "prompts file (.txt or .jsonl), or leave the eval section out.")
-    if self.temperature is not None and not self.temperature > 0:
-      raise ValueError(f"eval.temperature={self.temperature!r} is invalid: give a temperature "
-                       "> 0, or null to sample greedily.")
     check_eval_sampling(self.n, self.temperature, n_field="eval.n",
                         temperature_field="eval.temperature")
 

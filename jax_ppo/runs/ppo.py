@@ -23,7 +23,6 @@ import pathlib
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jax_ppo.compile_cache import enable_compilation_cache
@@ -42,7 +41,7 @@ from jax_ppo.models import (
 )
 from jax_ppo.parallel.distributed import barrier, is_main_process, multi_process
 from jax_ppo.parallel.placement import make_placement
-from jax_ppo.ppo.eval_metrics import best_of_n, distinct_n, repetition_rate
+from jax_ppo.ppo.evaluation import HeldOutEval, check_eval_sampling, evaluate_prompts
 from jax_ppo.ppo.presets import check_against_guide
 from jax_ppo.ppo.trainer import PPOTrainer
 from jax_ppo.rewards.scorers import CombinedScorer, RewardModelScorer
@@ -201,13 +200,15 @@ def build_trainer(
   """Loads the models, tokenizer and prompts of `config` and builds the trainer.
 
   Before any weights load: the run folder is not another stage's (`jax_ppo.runs.run_folders`),
-  the reward and value models hold a scalar head (`check_scalar_heads`), and the prompts fit the
-  policy's context with `ppo.sampling.max_new_tokens` (`jax_ppo.runs.context`).
+  the reward and value models hold a scalar head (`check_scalar_heads`), and the prompts (and
+  the held-out prompts of `eval_path`) fit the policy's context with
+  `ppo.sampling.max_new_tokens` (`jax_ppo.runs.context`).
 
   Args:
     config: the run.
-    open_run: attach `config.run_dir` (logs, checkpoints, resume); False builds a bare trainer
-      (for evaluation or export, which restore with `load_checkpoint`).
+    open_run: attach `config.run_dir` (logs, checkpoints, resume) and the evaluation of
+      `config.eval_path` during training; False builds a bare trainer (for evaluation or export,
+      which restore with `load_checkpoint`).
     prompts: use these prompts instead of reading `config.prompts_path`.
   """
   for field in ("policy_path", "reward_model_path", "value_model_path", "reference_path"):
@@ -218,6 +219,8 @@ def build_trainer(
   check_scalar_heads(config, critic=open_run)
   if prompts is None:
     check_prompts_file(config.prompts_path, field="RunConfig.prompts_path")
+  if open_run and config.eval_path is not None:
+    check_prompts_file(config.eval_path, field="RunConfig.eval_path")
   dtype = DTYPES[config.dtype]
   check_run_mesh("RunConfig", config.mesh)  # (before loading any model)
   p = config.placement
@@ -231,11 +234,22 @@ def build_trainer(
   mesh = None if placement is None else placement.policy
   reward_mesh = None if placement is None else placement.reward  # reward models load there
   tokenizer = policy_tokenizer(config)
-  if prompts is None:  # (before any weights load: a prompt too long for the context is refused)
+  # (before any weights load: a prompt too long for the context is refused)
+  read_eval = open_run and config.eval_path is not None
+  if prompts is None or read_eval:
+    budget = prompt_token_budget(load_config(config.policy_path),
+                                 config.ppo.sampling.max_new_tokens)
+  if prompts is None:
     prompts = load_prompts(config.prompts_path, tokenizer, seed=config.ppo.seed,
-                           max_tokens=prompt_token_budget(load_config(config.policy_path),
-                                                          config.ppo.sampling.max_new_tokens),
+                           max_tokens=budget,
                            lazy=multi_process())  # (several processes: each its own rows)
+  evaluation = None
+  if read_eval:  # (every process reads every held-out prompt)
+    evaluation = HeldOutEval(
+        prompts=load_prompts(config.eval_path, tokenizer, field="RunConfig.eval_path",
+                             max_tokens=budget).prompts,
+        every=config.eval_every, n=config.eval_n, temperature=config.eval_temperature,
+        seed=config.eval_seed)
   policy = from_pretrained(config.policy_path, dtype=dtype, param_dtype=jnp.float32,
                            remat=config.remat, mesh=mesh)
   grow_vocab(policy, len(tokenizer), resize=config.resize_embeddings, what="policy")
@@ -309,7 +323,7 @@ def build_trainer(
       ppo, policy, reward=scorer, prompts=prompts, tokenizer=tokenizer, value_model=value_model,
       reference=reference, reference_field="RunConfig.reference_path",
       run_dir=config.run_dir if open_run else None, run_options=config.run_options(),
-      monitor=config.monitor,
+      monitor=config.monitor, evaluation=evaluation,
       run_config=config, mesh=mesh, placement=placement,
   )
 
@@ -364,18 +378,6 @@ def _bare_trainer(config: RunConfig) -> PPOTrainer:
   return build_trainer(config, open_run=False, prompts=PromptDataset([[0]]))
 
 
-def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
-                        temperature_field: str) -> None:
-  """ValueError naming `n_field` unless `n` is an int >= 1, and unless `n` is 1 when
-  `temperature` is None (greedy samples are identical); shared by `evaluate_run` and the
-  pipeline's `eval` section, which checks before any stage trains."""
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f"{n_field}={n!r} is invalid: give the number of samples per prompt (>= 1).")
-  if n > 1 and temperature is None:
-    raise ValueError(f"{n_field}={n} needs sampling: greedy decoding gives {n} identical "
-                     f"responses; give {temperature_field} (e.g. 1.0).")
-
-
 def evaluate_run(
     run_dir: str | os.PathLike,
     prompts_path: str | os.PathLike,
@@ -388,8 +390,9 @@ def evaluate_run(
 ) -> dict[str, Any]:
   """Samples and scores held-out prompts with a checkpoint of a run (item 20).
 
-  Every prompt is sampled `n` times. The metrics (`eval/...`, see `jax_ppo.ppo.eval_metrics`)
-  are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
+  Every prompt is sampled `n` times (`jax_ppo.ppo.evaluation.evaluate_prompts`, which also
+  logs these metrics during training with `RunConfig.eval_path`). The metrics (`eval/...`, see
+  `jax_ppo.ppo.eval_metrics`) are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
   scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
   tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
   `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
@@ -433,32 +436,8 @@ def evaluate_run(
                                       "fixed by its training)")
   trainer = _bare_trainer(config)
   step = trainer.load_checkpoint(run_dir, step=step)
-  raw: dict[str, list] = {}  # a combined reward: each source's raw scores, chunk by chunk
-  if isinstance(trainer.scorer, CombinedScorer):
-    combined = trainer.scorer
-
-    def scorer(rollout, reward_state=None):
-      scores = combined(rollout, reward_state)
-      for name, values in combined.last_raw.items():
-        raw.setdefault(name, []).extend(values.tolist())
-      return scores
-
-    trainer.scorer = scorer
-  repeated = [p for p in prompts.prompts for _ in range(n)]  # prompt-major: n in a row
-  metrics, samples = trainer.evaluate_with_samples(repeated, temperature=temperature, seed=seed)
-  for i, sample in enumerate(samples):
-    sample["prompt_index"] = i // n
-    if raw:
-      sample["rewards"] = {name: values[i] for name, values in raw.items()}
-  metrics.update({f"eval/reward/{name}": float(np.mean(values)) for name, values in raw.items()})
-  responses = [s["response"] for s in samples]
-  metrics.update({
-      "eval/best_of_n": best_of_n([s["reward"] for s in samples], n),
-      "eval/n": float(n),
-      "eval/distinct_1": distinct_n(responses, 1),
-      "eval/distinct_2": distinct_n(responses, 2),
-      "eval/repetition_rate": repetition_rate(responses, 2),
-  })
+  metrics, samples = evaluate_prompts(trainer, prompts.prompts, n=n, temperature=temperature,
+                                      seed=seed)
   if config.rewards:
     reward = [{"name": name, "weight": r.weight, "source": r.function or r.model_path}
               for name, r in zip(reward_source_names(config.rewards), config.rewards, strict=True)]

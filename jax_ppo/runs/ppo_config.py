@@ -24,6 +24,7 @@ from jax_ppo.config_io import (
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
+from jax_ppo.ppo.evaluation import check_eval_sampling
 from jax_ppo.ppo.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
 from jax_ppo.rewards.specs import (
@@ -36,12 +37,17 @@ from jax_ppo.rewards.specs import (
 from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
 from jax_ppo.runs.paths import PathField, check_run_paths
 
+EVAL_FIELDS = ("eval_path", "eval_every", "eval_n", "eval_temperature", "eval_seed")
+"""`RunConfig` fields of the evaluation on held-out prompts during training."""
+
 OPERATIONAL_FIELDS = ("run_dir", "export_adapter_dir", "run", "monitor", "remat", "mesh",
-                      "placement", "distributed", "compilation_cache_dir", "value_model_new_head")
+                      "placement", "distributed", "compilation_cache_dir", "value_model_new_head",
+                      *EVAL_FIELDS)
 """`RunConfig` fields (dotted keys or prefixes: `run` is the whole run block) that may change
 between invocations of one run (they do not change what is computed: `value_model_new_head` only
-shapes the critic a run starts with, which a resumed run restores from its checkpoint); a
-difference in any other field refuses to resume."""
+shapes the critic a run starts with, which a resumed run restores from its checkpoint; the
+evaluation's fields only what is logged under `eval/`); a difference in any other field refuses
+to resume."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,6 +63,27 @@ class RunConfig(BaseRunConfig):
   """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
   Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
   with the tokenizer's chat template)."""
+  eval_path: str | None = None
+  """Held-out prompts (the formats and checks of `prompts_path`, read before any weights load),
+  sampled and scored with the policy during training: after every `eval_every` updates and after
+  the last update (`ppo.total_updates`); their metrics are logged at that update's step under
+  `eval/` (`metrics.jsonl`, TensorBoard, W&B): `eval/score_mean` and `eval/score_std` (the
+  reward), `eval/best_of_n`, `eval/reward/<name>` (each source of `rewards`), `eval/kl` (to the
+  reference, summed over response tokens), `eval/entropy`, `eval/response_length`,
+  `eval/distinct_1`, `eval/distinct_2` and `eval/repetition_rate`, as `jax-ppo eval` reports
+  (`jax_ppo.ppo.evaluation`). Evaluation uses its own sampling key and leaves training
+  unchanged. None: no evaluation during training."""
+  eval_every: int = 0
+  """Evaluate `eval_path` after every this many updates (and after the last update); 0: only
+  after the last update. Needs `eval_path`."""
+  eval_n: int = 1
+  """Samples per held-out prompt (`eval/best_of_n` is the mean of each prompt's best); more than
+  1 needs `eval_temperature`."""
+  eval_temperature: float | None = None
+  """Sampling temperature of the evaluation; None: greedy."""
+  eval_seed: int = 0
+  """Seed of the evaluation's sampling key (the same key at every evaluation, so evaluations
+  differ only by the policy; training's keys are never used)."""
   ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
   """PPO hyperparameters. `ppo.sampling.pad_token_id` is taken from the tokenizer; empty
   `ppo.sampling.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
@@ -162,6 +189,7 @@ class RunConfig(BaseRunConfig):
       bad("preset", f"choose one of {sorted(PRESETS)} or null")
     if self.remat not in REMAT_POLICIES:
       bad("remat", f"choose one of {list(REMAT_POLICIES)}")
+    self._check_eval()
     self._check_placement()
     check_run_paths(inputs=self.read_paths(), run_dirs=[("RunConfig.run_dir", self.run_dir)],
                     exports=self.adapter_exports())
@@ -170,10 +198,30 @@ class RunConfig(BaseRunConfig):
     """The paths the run reads, as `(field, path)` (unset fields: None): the policy (also the
     reference, and the tokenizer), the prompts, the reward models and the value model; the run
     folder must overlap none of them (`jax_ppo.runs.paths.check_run_paths`)."""
-    paths = [(f"{prefix}.{f}", getattr(self, f))
-             for f in ("policy_path", "prompts_path", "reward_model_path", "value_model_path")]
+    paths = [(f"{prefix}.{f}", getattr(self, f)) for f in (
+        "policy_path", "prompts_path", "eval_path", "reward_model_path", "value_model_path")]
     return paths + [(f"{prefix}.rewards[{i}].model_path", r.model_path)
                     for i, r in enumerate(self.rewards) if r.model_path is not None]
+
+  def _check_eval(self) -> None:
+    """The evaluation fields (`EVAL_FIELDS`): one ValueError naming the first bad one."""
+    if self.eval_path is not None and (not isinstance(self.eval_path, str) or not self.eval_path):
+      raise ValueError(f"RunConfig.eval_path={self.eval_path!r} is invalid: give a held-out "
+                       "prompts file (as prompts_path), or null for no evaluation.")
+    for field in ("eval_every", "eval_seed"):
+      value = getattr(self, field)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"RunConfig.{field}={value!r} is invalid: use an int >= 0.")
+    check_eval_sampling(self.eval_n, self.eval_temperature, n_field="RunConfig.eval_n",
+                        temperature_field="RunConfig.eval_temperature")
+    if self.eval_path is None:
+      defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in EVAL_FIELDS}
+      for field in EVAL_FIELDS[1:]:
+        if getattr(self, field) != defaults[field]:
+          raise ValueError(
+              f"RunConfig.{field}={getattr(self, field)!r} sets the evaluation on held-out "
+              "prompts, but RunConfig.eval_path is null; give eval_path (a prompts file, as "
+              f"prompts_path) or remove {field}.")
 
   def _check_placement(self) -> None:
     p = self.placement

@@ -2,7 +2,8 @@
 127.0.0.1) equals the same run in one process with 8 devices and the same mesh (issue #11 item
 4): a tiny random Llama policy, a text reward function plus a reward model with a tokenizer of
 its own (both score each process's rows on the host), GRPO, 2 updates, a checkpoint, the resume
-to 3 updates, then the export of the policy and a greedy evaluation.
+to 3 updates with a greedy evaluation of held-out prompts after updates 2 and 3, then the export
+of the policy and a greedy evaluation.
 
 Each process reads only its own rows of every prompt batch, and only process 0 writes the
 metrics, samples, config, plots, evaluation and the exported model (the processes record their
@@ -49,6 +50,7 @@ def runs(tmp_path_factory):
                   {"model_path": _reward_model_with_own_tokenizer(root), "weight": 0.5,
                    "name": "rm"}],
       "prompts_path": data["prompts"], "run_dir": str(root / "unused"),
+      "eval_path": data["prompts"], "eval_every": 2,  # held-out metrics at steps 2 and 3
       "ppo": {"batch_size": 8, "n_samples": 2, "advantage_mode": "grpo", "num_minibatches": 1,
               "ppo_epochs": 1, "sampling": {"max_new_tokens": 4}, "total_updates": 3,
               "optimizer": {"learning_rate": 1e-2}},
@@ -90,6 +92,13 @@ def test_two_processes_train_resume_and_export_like_one(runs):
   for a, b in zip(*logs, strict=True):
     for key in ("objective/scores", "objective/kl", "loss/total_avg", "reward/words", "reward/rm",
                 "rollout/response_length"):
+      assert b[key] == pytest.approx(a[key], abs=1e-4), key
+  # The evaluation during training (every process samples and scores all held-out prompts):
+  # after update 2 (eval_every) and 3 (the last), before and after the resume.
+  for log in logs:
+    assert [m["step"] for m in log if "eval/kl" in m] == [2, 3]
+  for a, b in zip(*logs, strict=True):
+    for key in [k for k in a if k.startswith("eval/")]:
       assert b[key] == pytest.approx(a[key], abs=1e-4), key
   samples = [[json.loads(line) for line in (root / name / "samples.jsonl").read_text().splitlines()]
              for name in ("one", "two")]
