@@ -392,10 +392,11 @@ def evaluate_run(
 
   Every prompt is sampled `n` times (`jax_ppo.ppo.evaluation.evaluate_prompts`, which also
   logs these metrics during training with `RunConfig.eval_path`). The metrics (`eval/...`, see
-  `jax_ppo.ppo.eval_metrics`) are: `score_mean` and `score_std` over all samples, `best_of_n` (the best of each prompt's `n`
-  scores, averaged over prompts; equal to `score_mean` when `n` is 1), `kl` (sum over response
-  tokens of log pi - log pi_ref, mean over samples), `entropy`, `response_length` (tokens),
-  `distinct_1` and `distinct_2` (unique / all word n-grams over all responses),
+  `jax_ppo.ppo.eval_metrics`) are: `score_mean` and `score_std` over all samples, `best_of_n`
+  (the best of each prompt's `n` scores, averaged over prompts; equal to `score_mean` when `n`
+  is 1), `kl` (sum over response tokens of log pi - log pi_ref, mean over samples), `entropy`,
+  `response_length` (tokens), `distinct_1` and `distinct_2` (unique / all word n-grams over all
+  responses),
   `repetition_rate` (fraction of a response's word bigrams that repeat one in it, mean) and `n`;
   with `RunConfig.rewards`, also `reward/<name>`, each source's mean raw score (and each sample's
   raw scores under "rewards").
