@@ -122,7 +122,9 @@ class PPORunFolder(RunFolder):
   """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
   wandb_init: dict[str, Any] | None = None
   """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
-  configuration is passed as `config`, the run folder as `dir`."""
+  configuration is passed as `config`, the run folder as `dir`. The run folder keeps the W&B
+  run's id (`wandb_run_id`), so a resumed run continues the same W&B run, unless these give `id`
+  or `resume` (then they are used as given)."""
   plots: bool = True
   """Write PNG plots (reward, KL, entropy, response length) into `run_dir/plots` at the end of
   each invocation (also `jax-ppo plot RUN_DIR`)."""
