@@ -50,7 +50,7 @@ from jax_ppo.rewards.specs import (
   reward_function,
   reward_source_names,
 )
-from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab
+from jax_ppo.runs.common import DTYPES, check_run_mesh, grow_vocab, resolve_model_paths
 from jax_ppo.runs.context import prompt_token_budget
 from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
@@ -204,6 +204,7 @@ def build_trainer(
       (for evaluation or export, which restore with `load_checkpoint`).
     prompts: use these prompts instead of reading `config.prompts_path`.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   for field in ("policy_path", "reward_model_path", "value_model_path", "reference_path"):
     _check_folder(field, getattr(config, field))
   if open_run:
@@ -331,6 +332,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   SIGINT during training saves a checkpoint and returns early: the returned history's
   `preempted` then names the signal (see `jax_ppo.training.loop`).
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   guide_advice(config)
   trainer = build_trainer(config)
@@ -401,7 +403,7 @@ def evaluate_run(
   """
   check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
   check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo eval")
-  config = saved_run_config(run_dir)
+  config = resolve_model_paths(saved_run_config(run_dir))
   check_prompts_file(prompts_path, field="--prompts")
   if out is not None:  # (the default, run_dir/eval/step_N.json, is the run's own)
     check_run_paths(inputs=[("--prompts", prompts_path), *config.read_paths()],
@@ -477,7 +479,7 @@ def export_run(
     `(folder, step)`.
   """
   check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo export")
-  config = saved_run_config(run_dir)
+  config = resolve_model_paths(saved_run_config(run_dir))
   check_run_paths(inputs=config.read_paths(), run_dirs=[("--run-dir", run_dir)],
                   exports=[("--out", out)])
   check_export_target(out, field="--out")

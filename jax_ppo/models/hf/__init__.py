@@ -5,9 +5,18 @@
 * `load`: `from_pretrained`, `load_scalar_model` (`has_score_head`: does a folder hold one),
   `load_config`; the plan is filled on the host or, given a mesh, straight into each device's
   shards;
-* `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`).
+* `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`);
+* `hub`: `hub_model_folder`, a Hugging Face Hub id (`org/name[@revision]`) as the folder of its
+  snapshot in the local cache (never downloaded; an absent id names `hf download org/name`).
 """
 
+from jax_ppo.models.hf.hub import (
+    download_command,
+    hub_cache_dir,
+    hub_model_folder,
+    is_hub_id,
+    split_hub_id,
+)
 from jax_ppo.models.hf.load import (
     checkpoint_index,
     fill_on_host,
@@ -40,16 +49,21 @@ __all__ = [
     "Source",
     "TensorSpec",
     "checkpoint_index",
+    "download_command",
     "fill_on_host",
     "fill_sharded",
     "from_pretrained",
     "has_score_head",
+    "hub_cache_dir",
+    "hub_model_folder",
+    "is_hub_id",
     "load_config",
     "load_params",
     "load_scalar_model",
     "read_plan",
     "read_slice",
     "save_pretrained",
+    "split_hub_id",
     "tensor_shape",
     "tensor_specs",
 ]
