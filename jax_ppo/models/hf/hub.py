@@ -89,8 +89,10 @@ def hub_model_folder(path: str, *, field: str) -> str:
   if parts is None:
     return path
   repo_id, revision = parts
-  from huggingface_hub import snapshot_download
-  from huggingface_hub.errors import HFValidationError, IncompleteSnapshotError
+  from huggingface_hub import errors, snapshot_download
+
+  # A snapshot whose cached file list names files it lacks (huggingface_hub >= 2.4 tells).
+  incomplete = getattr(errors, "IncompleteSnapshotError", ())
 
   cache = hub_cache_dir()
   command = download_command(repo_id, revision)
@@ -98,12 +100,12 @@ def hub_model_folder(path: str, *, field: str) -> str:
   try:
     folder = snapshot_download(repo_id, revision=revision, cache_dir=cache,
                                local_files_only=True)
-  except IncompleteSnapshotError:
+  except incomplete:
     raise FileNotFoundError(
         f"{field}={path!r}: the Hugging Face Hub snapshot of {repo_id!r}{at} in the local cache "
         f"{cache!r} is incomplete (an interrupted download); run `{command}` to complete it. "
         "Runs never download.") from None
-  except (FileNotFoundError, HFValidationError):  # LocalEntryNotFoundError: not in the cache
+  except (FileNotFoundError, errors.HFValidationError):  # LocalEntryNotFoundError: not cached
     raise FileNotFoundError(
         f"{field}={path!r}: no local folder there, and the Hugging Face Hub id {repo_id!r}{at} "
         f"is not in the local cache {cache!r} (HF_HUB_CACHE, or HF_HOME/hub). Download it "

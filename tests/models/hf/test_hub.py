@@ -5,6 +5,7 @@ nothing touches the network."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import socket
@@ -112,6 +113,23 @@ def test_a_snapshot_without_config_json_is_a_partial_download(cache):
   with pytest.raises(FileNotFoundError, match=r"F='org/name': the cached .* has no config\.json"
                                               r".*`hf download org/name`"):
     hub_model_folder("org/name", field="F")
+
+
+def test_a_snapshot_missing_files_of_its_cached_listing_is_incomplete(cache):
+  """huggingface_hub >= 2.4 keeps each commit's file list (`<repo>/trees/<commit>.json`): a
+  snapshot without some of those files is an interrupted download."""
+  snapshot = cache_snapshot(cache, "org/name")  # config.json only
+  trees = snapshot.parents[1] / "trees"
+  trees.mkdir()
+  (trees / f"{COMMIT}.json").write_text(json.dumps({"format_version": 1, "files": {
+      "config.json": {"size": 2, "blob_id": "a" * 40},
+      "model.safetensors": {"size": 8, "blob_id": "b" * 40}}}))
+  with pytest.raises(FileNotFoundError, match=r"F='org/name': the Hugging Face Hub snapshot "
+                                              r"of 'org/name' .* is incomplete.*`hf download "
+                                              r"org/name`"):
+    hub_model_folder("org/name", field="F")
+  (snapshot / "model.safetensors").write_bytes(b"12345678")
+  assert hub_model_folder("org/name", field="F") == str(snapshot)
 
 
 def test_the_cache_folder_is_read_when_called(cache, tmp_path, monkeypatch):
