@@ -4,7 +4,8 @@
 with a word-level tokenizer (pad distinct from EOS) to `root/family`; `make_reward_checkpoint`
 a one-label reward model of the same family; `write_data(root)` writes the SFT pairs, preference
 triples and prompts those tests train on; `tree_hashes(*folders)` hashes every file under them
-(a refused run must leave them byte-identical). Nothing is downloaded.
+(a refused run must leave them byte-identical); `cache_snapshot` writes a model's snapshot into
+a Hugging Face Hub cache folder, as `hf download` lays it out. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -113,3 +114,22 @@ def tree_hashes(*folders) -> dict[str, str]:
   """sha256 of every file under `folders`, by path."""
   return {str(p): hashlib.sha256(p.read_bytes()).hexdigest()
           for folder in folders for p in sorted(pathlib.Path(folder).rglob("*")) if p.is_file()}
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+"""The commit `cache_snapshot` names by default (a Hub commit id is 40 hex digits)."""
+
+
+def cache_snapshot(cache: pathlib.Path, repo_id: str, *, commit: str = COMMIT,
+                   branch: str | None = "main", files=("config.json",)) -> pathlib.Path:
+  """Writes `repo_id`'s snapshot `commit` (with `files`, each holding `{}`) into the hub cache
+  folder `cache`, `refs/<branch>` naming it; returns the snapshot folder."""
+  repo = cache / f"models--{repo_id.replace('/', '--')}"
+  snapshot = repo / "snapshots" / commit
+  snapshot.mkdir(parents=True)
+  for name in files:
+    (snapshot / name).write_text("{}")
+  if branch is not None:
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / branch).write_text(commit)
+  return snapshot

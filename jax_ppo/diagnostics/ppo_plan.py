@@ -81,7 +81,7 @@ from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rollout.batching import bucket_for
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import DecodeCarry, Rollout, decode_body, generate
-from jax_ppo.runs.common import DTYPES
+from jax_ppo.runs.common import DTYPES, resolve_model_paths
 from jax_ppo.runs.ppo_config import RunConfig
 from jax_ppo.training.optim import make_optimizer
 
@@ -140,6 +140,7 @@ def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
         "jax-ppo plan lays every role on the run's one mesh: roles on sub-meshes of their own "
         "(placement.reference / reward / critic / policy_devices) are not planned; plan the run "
         "without placement (every role sharing RunConfig.mesh) for its programs' sizes.")
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   policy = plan_model_config(config.policy_path)
   paths = [config.reward_model_path, *(r.model_path for r in config.rewards)]
   rewards = tuple(plan_model_config(p) for p in paths if p is not None)

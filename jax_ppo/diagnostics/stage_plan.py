@@ -59,7 +59,7 @@ from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import PreferencePairs
 from jax_ppo.reward_model.steps import RewardModelSteps
 from jax_ppo.reward_model.steps import split_trainable as reward_split
-from jax_ppo.runs.common import DTYPES, check_model_folder
+from jax_ppo.runs.common import DTYPES, check_model_folder, resolve_model_paths
 from jax_ppo.runs.reward import RewardRunConfig
 from jax_ppo.runs.sft import SFTRunConfig
 from jax_ppo.sft.config import SFTConfig
@@ -114,6 +114,7 @@ def stage_shape(config: SFTRunConfig | RewardRunConfig) -> StageShape:
   else:
     raise ValueError(f"stage_shape takes an SFTRunConfig or a RewardRunConfig, got "
                      f"{type(config).__name__}.")
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   if not config.model_path.startswith(SHAPE_PREFIX):
     check_model_folder(field, config.model_path)
   return StageShape(model=plan_model_config(config.model_path), config=stage, dtype=config.dtype,

@@ -5,7 +5,9 @@ from jax_ppo.logging.metrics_logger import (
     DEFAULT_PROGRESS_KEYS,
     METRICS_FILE,
     SAMPLES_FILE,
+    STEP_METRIC,
     TENSORBOARD_DIR,
+    WANDB_ID_FILE,
     MetricsLogger,
 )
 from jax_ppo.logging.plots import PLOTS_DIR, write_plots
@@ -15,7 +17,9 @@ __all__ = [
     "METRICS_FILE",
     "PLOTS_DIR",
     "SAMPLES_FILE",
+    "STEP_METRIC",
     "TENSORBOARD_DIR",
+    "WANDB_ID_FILE",
     "MetricsLogger",
     "write_plots",
 ]

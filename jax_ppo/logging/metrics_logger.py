@@ -8,7 +8,10 @@ device, NumPy values or Python numbers) and goes on; a background thread fetches
   non-finite numbers are written as `null`, so every line is valid JSON;
 * `samples.jsonl`: one object per sample, `{"stage", "step", "prompt", "response", "reward"}`;
 * TensorBoard event files under `tensorboard/` (tensorboardX; non-finite values stay NaN/inf);
-* Weights & Biases, when enabled and installed (imported lazily, never required);
+* Weights & Biases, when enabled and installed (imported lazily, never required): each metric
+  against the training step, logged as the metric `step` (`STEP_METRIC`, W&B's x-axis of every
+  other metric), never as W&B's own `step=`, which must only grow: a resumed run logs again the
+  steps after its checkpoint, and W&B would drop them;
 * a tqdm progress bar showing the reward and the KL.
 
 `flush()` and `close()` (also on leaving a `with` block) wait until everything queued so far is
@@ -16,7 +19,11 @@ written. Errors on the writer thread are logged and re-raised by the next `flush
 
 Resuming: files are appended to. `truncate_after_step=N` first drops records with `step > N`
 from both JSONL files (and purges TensorBoard events after N), so resuming from the checkpoint of
-step N does not duplicate steps. A line cut short by a crash is always dropped.
+step N does not duplicate steps. A line cut short by a crash is always dropped. The W&B run's id
+is kept in the folder (`WANDB_ID_FILE`) when the run starts, and a logger opened again on that
+folder continues the same W&B run (`wandb.init(id=<kept id>, resume="allow")`), unless
+`wandb_init` (or the environment: `WANDB_RUN_ID`, `WANDB_RESUME`) names an id or a resume mode
+itself: then those are used as given.
 
 Multi-host: only process 0 writes (`write=None`, the default, means `jax.process_index() == 0`);
 on the other processes `log` and `log_samples` do nothing and no file is opened or truncated.
@@ -46,6 +53,12 @@ logger = logging.getLogger("jax_ppo.logging")
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+WANDB_ID_FILE = "wandb_run_id"
+"""File of the log folder holding the id of its W&B run (one line), written by the process that
+writes the logs when W&B starts; a logger opened again on the folder resumes that W&B run."""
+STEP_METRIC = "step"
+"""The W&B metric holding the training step: the x-axis (`define_metric(step_metric=...)`) of
+every other metric."""
 
 DEFAULT_PROGRESS_KEYS: Mapping[str, tuple[str, ...]] = {
     "reward": ("objective/scores", "objective/rlhf_reward"),
@@ -91,7 +104,9 @@ class MetricsLogger:
       log_dir: run folder; created if missing.
       tensorboard: write TensorBoard events under `log_dir/tensorboard`.
       wandb: also log to Weights & Biases; ignored with a warning when `wandb` is not installed.
-      wandb_init: keyword arguments of `wandb.init` (project, name, id, resume...).
+      wandb_init: keyword arguments of `wandb.init` (project, name...). Without `id` and
+        `resume` (here or as `WANDB_RUN_ID` / `WANDB_RESUME`), the W&B run of an earlier logger
+        on `log_dir` (its id in `WANDB_ID_FILE`) is resumed; otherwise a new one starts.
       config: the run's configuration as a plain dict, given to W&B.
       progress: show a tqdm progress bar with the reward and KL.
       total_steps: length of the progress bar.
@@ -271,10 +286,10 @@ class MetricsLogger:
     if self._tb is not None:
       for key, value in values.items():
         _tb_write(self._tb, key, value, step)
-    if self._wandb_run is not None:
-      self._wandb_run.log(
-          {k: v for k, v in values.items() if isinstance(v, int | float | str)}, step=step
-      )
+    if self._wandb_run is not None:  # The step as a metric: resumed steps are not dropped.
+      scalars = {k: v for k, v in values.items()
+                 if k != STEP_METRIC and isinstance(v, int | float | str)}
+      self._wandb_run.log({STEP_METRIC: step, **scalars})
     if self._bar is not None:
       self._update_bar(step, values)
 
@@ -420,6 +435,12 @@ def _prepare_jsonl(path: pathlib.Path, truncate_after_step: int | None) -> None:
 
 
 def _start_wandb(log_dir: pathlib.Path, config: Mapping[str, Any] | None, init: dict) -> Any:
+  """Starts (or resumes) the W&B run of `log_dir`; None without the `wandb` package.
+
+  Resumes the run whose id `log_dir/WANDB_ID_FILE` keeps (`resume="allow"`: a run W&B no longer
+  has starts anew under that id) unless `init` or the environment gives `id` or `resume`; keeps
+  the started run's id there, and makes `STEP_METRIC` the x-axis of every metric.
+  """
   try:
     import wandb
   except ImportError:
@@ -428,4 +449,20 @@ def _start_wandb(log_dir: pathlib.Path, config: Mapping[str, Any] | None, init: 
   init.setdefault("dir", str(log_dir))
   if config is not None:
     init.setdefault("config", dict(config))
-  return wandb.init(**init)
+  id_file = log_dir / WANDB_ID_FILE
+  user_chose = bool({"id", "resume"} & set(init)) or any(
+      os.environ.get(name) for name in ("WANDB_RUN_ID", "WANDB_RESUME"))
+  if not user_chose and id_file.is_file():
+    kept = id_file.read_text(encoding="utf-8").strip()
+    if kept:
+      init.update(id=kept, resume="allow")
+      logger.info("W&B: resuming run %s (its id is kept in %s).", kept, id_file)
+  run = wandb.init(**init)
+  if not getattr(run, "disabled", False) and getattr(run, "id", None):
+    if not id_file.is_file() or id_file.read_text(encoding="utf-8").strip() != run.id:
+      tmp = id_file.with_name(id_file.name + ".tmp")
+      tmp.write_text(run.id + "\n", encoding="utf-8")
+      os.replace(tmp, id_file)
+  run.define_metric(STEP_METRIC)
+  run.define_metric("*", step_metric=STEP_METRIC)
+  return run

@@ -67,7 +67,8 @@ Checkpoints and log-probs
 `jax_ppo.models.hf` reads and writes Hugging Face folders: `hf.tensors` maps tensor names to our
 parameters and builds the one read plan (which file, tensor and columns fill each parameter),
 `hf.load` fills it on the host or, with `mesh=...`, straight into each device's shards, `hf.save`
-writes safetensors files and the HF config. `jax_ppo.models.logprobs` scores response tokens
+writes safetensors files and the HF config, and `hf.hub` finds a Hub id (`org/name`) in the local
+Hugging Face cache (`hub_model_folder`). `jax_ppo.models.logprobs` scores response tokens
 under the LM head (`head_logprobs`, chunked over `T` above `LOGITS_CHUNK_BYTES` of float32 logits);
 the teacher-forced pass over a prompt + response batch that calls it is
 `jax_ppo.ppo.forward.response_logprobs`.
@@ -132,6 +133,7 @@ from jax_ppo.models.heads import ScalarModel, read_last_valid, value_model_from_
 from jax_ppo.models.hf import (
     from_pretrained,
     has_score_head,
+    hub_model_folder,
     load_config,
     load_scalar_model,
     save_peft_adapter,
@@ -189,6 +191,7 @@ __all__ = [
     "ensure_pad_token",
     "from_pretrained",
     "has_score_head",
+    "hub_model_folder",
     "has_lora",
     "head_logprobs",
     "init_cache",

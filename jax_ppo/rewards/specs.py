@@ -166,7 +166,8 @@ class RewardSource:
   function: str | None = None
   """A built-in (`REWARD_FUNCTIONS`) or "package.module:function" (`MODULE_REWARD`)."""
   model_path: str | None = None
-  """Hugging Face `*ForSequenceClassification` folder (one label) of a reward model."""
+  """Hugging Face `*ForSequenceClassification` folder (one label) of a reward model, or a cached
+  Hub id `org/name` (`jax_ppo.runs.common.resolve_model_paths`)."""
   weight: float = 1.0
   """Multiplier of this source's raw score in the sum (negative: a penalty)."""
   name: str | None = None

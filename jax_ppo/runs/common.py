@@ -18,6 +18,8 @@ record with the stage's check from `jax_ppo.data.records` before any weights loa
 malformed record is reported with the config field, the file and the line (or row).
 `load_stage_config` builds a frozen stage config from a YAML/JSON file and `key=value` overrides
 with `jax_ppo.config_io` (unknown keys are named with the nearest valid one).
+`resolve_model_paths` turns the model fields that name a Hugging Face Hub id (`org/name`) into
+the folders of their snapshots in the local cache, once, when a stage's run starts.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from jax_ppo.compile_cache import check_cache_setting
 from jax_ppo.config_io import config_from_argv
 from jax_ppo.data.files import check_data_path, iter_records
 from jax_ppo.data.records import Record
-from jax_ppo.models import LoRAConfig, load_config, resize_token_embeddings
+from jax_ppo.models import LoRAConfig, hub_model_folder, load_config, resize_token_embeddings
 from jax_ppo.parallel import distributed
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.mesh import MeshConfig
@@ -122,7 +124,9 @@ class PPORunFolder(RunFolder):
   """Also log metrics to Weights & Biases (needs the `wandb` package; without it a warning)."""
   wandb_init: dict[str, Any] | None = None
   """Keyword arguments of `wandb.init`, e.g. `{project: rlhf, name: run1}`; the run's
-  configuration is passed as `config`, the run folder as `dir`."""
+  configuration is passed as `config`, the run folder as `dir`. The run folder keeps the W&B
+  run's id (`wandb_run_id`), so a resumed run continues the same W&B run, unless these give `id`
+  or `resume` (then they are used as given)."""
   plots: bool = True
   """Write PNG plots of `metrics.jsonl` into `run_dir/plots` at the end of each invocation: one
   per panel (reward, KL and entropy per response and per token, response length, losses, ...)
@@ -275,7 +279,9 @@ class StageRunConfig(BaseRunConfig):
   ...)."""
 
   model_path: str
-  """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer)."""
+  """Local Hugging Face folder of the starting model (config.json, safetensors, tokenizer), or a
+  Hugging Face Hub id `org/name[@revision]` already in the local cache (`hf download org/name`;
+  never downloaded by a run, `resolve_model_paths`). Every model field takes either."""
   train_path: str
   """Training records: a .jsonl file (one JSON object per line), a .parquet file, a local
   Hugging Face `datasets` folder, or a .json list of objects."""
@@ -446,6 +452,53 @@ def grow_vocab(model: Any, num_tokens: int, *, resize: bool, what: str) -> None:
                 "the mean embedding).", what, old, num_tokens)
 
 
+MODEL_PATH_FIELDS = ("model_path", "policy_path", "reward_model_path", "value_model_path",
+                     "reference_path")
+"""The run-config fields that name a model folder (those a config has), besides PPO's
+`rewards[i].model_path`: each a local folder or a Hugging Face Hub id (`org/name[@revision]`)."""
+
+
+def resolve_model_paths(config: T) -> T:
+  """`config` with every model field (`MODEL_PATH_FIELDS`, PPO's `rewards[i].model_path`) that
+  names a Hugging Face Hub id in place of a local folder replaced by the folder of its snapshot in
+  the local cache (`jax_ppo.models.hf.hub_model_folder`: an existing local path always wins;
+  nothing is downloaded).
+
+  Every stage's run (`run_sft`, `run_reward`, `run_dpo`, `run_training` and the pipeline through
+  them, the `build_*` functions, `evaluate_run`, `export_run`, `jax-ppo plan`) calls it before
+  any check reads `config.json`, so the checks, the loaders and the run folder's `config.yaml`
+  see the snapshot folder (a resumed run is compared with the same folder; a newer snapshot of
+  the id is a changed config). Calling it again changes nothing.
+
+  Raises:
+    FileNotFoundError: an id absent from the cache, naming the field, the id and the
+      `hf download` command.
+  """
+  name = type(config).__name__
+  changes: dict[str, Any] = {}
+  for field in MODEL_PATH_FIELDS:
+    path = getattr(config, field, None)
+    if isinstance(path, str) and path:
+      folder = hub_model_folder(path, field=f"{name}.{field}")
+      if folder != path:
+        changes[field] = folder
+  sources = getattr(config, "rewards", ())
+  resolved_sources = tuple(
+      source if not isinstance(getattr(source, "model_path", None), str) else
+      dataclasses.replace(source, model_path=hub_model_folder(
+          source.model_path, field=f"{name}.rewards[{i}].model_path"))
+      for i, source in enumerate(sources))
+  if resolved_sources != tuple(sources):
+    changes["rewards"] = resolved_sources
+  if not changes:
+    return config
+  for field, folder in changes.items():
+    if field != "rewards":
+      logger.info("%s.%s=%r is the Hugging Face Hub snapshot %s.", name, field,
+                  getattr(config, field), folder)
+  return dataclasses.replace(config, **changes)
+
+
 def check_model_folder(field: str, path: str | None) -> None:
   """FileNotFoundError naming `field` unless `path` (when given) is a Hugging Face folder."""
   if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
@@ -546,12 +599,14 @@ __all__ = [
     "Records",
     "STAGE_OPERATIONAL_FIELDS",
     "StageRunConfig",
+    "MODEL_PATH_FIELDS",
     "check_adapter_vocab",
     "check_model_folder",
     "check_run_mesh",
     "check_records_file",
     "load_stage_config",
     "read_records",
+    "resolve_model_paths",
     "train_stage",
     "write_adapter",
 ]

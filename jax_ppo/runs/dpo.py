@@ -53,6 +53,7 @@ from jax_ppo.runs.common import (
   grow_vocab,
   load_stage_config,
   read_records,
+  resolve_model_paths,
   train_stage,
   write_adapter,
 )
@@ -71,7 +72,8 @@ class DPORunConfig(StageRunConfig):
   dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
   """DPO hyperparameters (`jax_ppo.dpo.DPOConfig`; its optimizer block is `dpo.optimizer`)."""
   reference_path: str | None = None
-  """Causal-LM folder of the frozen reference (same architecture and vocabulary as the policy);
+  """Causal-LM folder (or cached Hub id `org/name`) of the frozen reference (same architecture
+  and vocabulary as the policy);
   None: the starting model `model_path`. Not with `lora` (the reference is then the base
   weights)."""
 
@@ -103,6 +105,7 @@ def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer:
   """Loads the policy, the reference (with `reference_path`), tokenizer and records of `config`
   and builds the trainer (resuming from the run folder); with `config.mesh` the models are read
   straight into their shards."""
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   check_model_folder("DPORunConfig.model_path", config.model_path)
   if config.reference_path is not None:
     check_model_folder("DPORunConfig.reference_path", config.reference_path)
@@ -157,6 +160,7 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
     "train/loss", "rewards/accuracies", "rewards/margins" (the last step's, when a step ran),
     and "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins" with a held-out split}`.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_dpo_trainer(config)
   try:

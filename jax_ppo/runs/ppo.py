@@ -54,6 +54,7 @@ from jax_ppo.runs.common import (
   check_adapter_vocab,
   check_run_mesh,
   grow_vocab,
+  resolve_model_paths,
   write_adapter,
 )
 from jax_ppo.runs.context import prompt_token_budget
@@ -211,6 +212,7 @@ def build_trainer(
       which restore with `load_checkpoint`).
     prompts: use these prompts instead of reading `config.prompts_path`.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   for field in ("policy_path", "reward_model_path", "value_model_path", "reference_path"):
     _check_folder(field, getattr(config, field))
   if open_run:
@@ -356,6 +358,7 @@ def run_training(config: RunConfig) -> list[dict[str, float]]:
   `config.export_adapter_dir`, an invocation that ends with the run complete (not preempted)
   writes the policy's LoRA adapters there as a PEFT adapter folder (`write_adapter`).
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   guide_advice(config)
   trainer = build_trainer(config)
@@ -421,7 +424,7 @@ def evaluate_run(
   """
   check_eval_sampling(n, temperature, n_field="--n", temperature_field="--temperature")
   check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo eval")
-  config = saved_run_config(run_dir)
+  config = resolve_model_paths(saved_run_config(run_dir))
   check_prompts_file(prompts_path, field="--prompts")
   if out is not None:  # (the default, run_dir/eval/step_N.json, is the run's own)
     check_run_paths(inputs=[("--prompts", prompts_path), *config.read_paths()],
@@ -473,7 +476,7 @@ def export_run(
     `(folder, step)`.
   """
   check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo export")
-  config = saved_run_config(run_dir)
+  config = resolve_model_paths(saved_run_config(run_dir))
   check_run_paths(inputs=config.read_paths(), run_dirs=[("--run-dir", run_dir)],
                   exports=[("--out", out)])
   check_export_target(out, field="--out")

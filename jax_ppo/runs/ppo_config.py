@@ -58,7 +58,9 @@ class RunConfig(BaseRunConfig):
   (`PPORunFolder`)."""
 
   policy_path: str
-  """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer)."""
+  """Hugging Face causal-LM folder of the SFT policy (config.json, safetensors, tokenizer), or a
+  Hugging Face Hub id `org/name[@revision]` already in the local cache (`hf download org/name`;
+  never downloaded by a run). Every model field takes either."""
   prompts_path: str
   """Training prompts: a .txt file (one prompt per line), or a .jsonl or .parquet file or a local
   Hugging Face datasets folder whose records hold a "prompt" string or chat "messages" (rendered
@@ -88,10 +90,10 @@ class RunConfig(BaseRunConfig):
   """PPO hyperparameters. `ppo.sampling.pad_token_id` is taken from the tokenizer; empty
   `ppo.sampling.stop_token_ids` default to the tokenizer's and the model's EOS ids."""
   reward_model_path: str | None = None
-  """Hugging Face `*ForSequenceClassification` folder (one label) of the reward model, e.g. the
-  export of `jax-ppo reward`. A folder without a score head (`score.weight`: a causal-LM
-  checkpoint such as the SFT export) is refused before any weights load: its scores would be
-  those of a random new head."""
+  """Hugging Face `*ForSequenceClassification` folder (one label, or a cached Hub id) of the
+  reward model, e.g. the export of `jax-ppo reward`. A folder without a score head
+  (`score.weight`: a causal-LM checkpoint such as the SFT export) is refused before any weights
+  load: its scores would be those of a random new head."""
   reward_function: str | None = None
   """A programmatic reward instead of a reward model: a built-in (`REWARD_FUNCTIONS`) or
   "package.module:function", a Python `fn(prompts, responses) -> scores` on texts

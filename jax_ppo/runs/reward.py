@@ -66,6 +66,7 @@ from jax_ppo.runs.common import (
   grow_vocab,
   load_stage_config,
   read_records,
+  resolve_model_paths,
   train_stage,
 )
 from jax_ppo.runs.context import check_fits_context, prompt_token_budget
@@ -91,8 +92,8 @@ class RewardRunConfig(StageRunConfig):
   normalise: bool = True
   """Set the reward normalisation from samples of the SFT policy before exporting."""
   policy_path: str | None = None
-  """Causal-LM folder whose samples set the normalisation; None: `model_path` (the SFT model the
-  reward model starts from)."""
+  """Causal-LM folder (or cached Hub id `org/name`) whose samples set the normalisation; None:
+  `model_path` (the SFT model the reward model starts from)."""
   normalise_prompts_path: str | None = None
   """Prompts sampled for the normalisation (.jsonl records with the prompt field, or .json);
   None: the prompts of `train_path`."""
@@ -184,6 +185,7 @@ def policy_samples(
   With a `mesh` (the reward model's) the policy is read straight into its shards and sampled
   there (`Sampler(..., mesh=mesh)`); every process gets all `N` rows.
   """
+  config = resolve_model_paths(config)
   path = config.policy_path or config.model_path
   check_model_folder("RewardRunConfig.policy_path" if config.policy_path else
                      "RewardRunConfig.model_path", path)
@@ -232,6 +234,7 @@ def build_reward_trainer(config: RewardRunConfig) -> RewardModelTrainer:
   `normalise`, `normalise_max_new_tokens` must leave room for a prompt in the policy's
   (`max_position_embeddings`, `jax_ppo.runs.context`): one ValueError naming the field.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   check_model_folder("RewardRunConfig.model_path", config.model_path)
   check_run_folder_stage(config.run_dir, "reward", field="RewardRunConfig.run_dir")
   config.check_export_target()
@@ -286,6 +289,7 @@ def run_reward(config: RewardRunConfig) -> dict[str, Any]:
     "eval/accuracy" and "eval/loss" (with a held-out split), and
     "normalisation" ({gain, bias, mean, std, samples}, when normalised)}`.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_reward_trainer(config)
   try:

@@ -55,6 +55,7 @@ from jax_ppo.runs.common import (
   grow_vocab,
   load_stage_config,
   read_records,
+  resolve_model_paths,
   train_stage,
   write_adapter,
 )
@@ -92,6 +93,7 @@ def build_sft_trainer(config: SFTRunConfig) -> SFTTrainer:
   (`jax_ppo.runs.run_folders`) and `sft.max_length` must fit the model's context
   (`max_position_embeddings`, `jax_ppo.runs.context`): one ValueError naming the field.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   check_model_folder("SFTRunConfig.model_path", config.model_path)
   check_run_folder_stage(config.run_dir, "sft", field="SFTRunConfig.run_dir")
   config.check_export_target()
@@ -136,6 +138,7 @@ def run_sft(config: SFTRunConfig) -> dict[str, Any]:
     last step's, when a step ran), and the held-out "eval/loss" and
     "eval/perplexity" when there is a held-out split}`.
   """
+  config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
   trainer = build_sft_trainer(config)
   try:

@@ -46,8 +46,9 @@ PLACEHOLDERS = {
 REWARD_FIELDS = ("reward_model_path", "reward_function", "rewards")
 """The fields of `RunConfig` of which exactly one is set: the run's reward source."""
 PIPELINE_DOCS = {
-    "model_path": "Local Hugging Face folder of the checkpoint SFT starts from (the reward model "
-                  "and PPO start from the SFT export; without an sft section, from this).",
+    "model_path": "Local Hugging Face folder (or a Hub id org/name in the local cache) of the "
+                  "checkpoint SFT starts from (the reward model and PPO start from the SFT "
+                  "export; without an sft section, from this).",
     "out_dir": "Each stage's run_dir is out_dir/<stage> (out_dir/sft, out_dir/reward, "
                "out_dir/ppo).",
     "sft": "The SFT stage (`jax-ppo sft`, SFTRunConfig): a mapping, or a config file path "

@@ -100,7 +100,9 @@ class RunOptions:
   wandb: bool = False
   """Also log metrics to Weights & Biases (`MetricsLogger(wandb=True)`; needs `wandb`)."""
   wandb_init: dict[str, Any] | None = None
-  """Keyword arguments of `wandb.init` (project, name, entity...)."""
+  """Keyword arguments of `wandb.init` (project, name, entity...). The run folder keeps its W&B
+  run's id (`run_dir/wandb_run_id`) and a resumed run continues that W&B run, unless these give
+  `id` or `resume` (`MetricsLogger`)."""
   plots: bool = True
   """Write PNG plots of `metrics.jsonl` into `run_dir/plots` at the end of `train()`
   (`jax_ppo.logging.plots`; skipped with a warning without matplotlib)."""

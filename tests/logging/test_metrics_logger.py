@@ -22,7 +22,13 @@ import numpy as np
 import pytest
 
 import jax_ppo.logging.metrics_logger as metrics_logger
-from jax_ppo.logging import METRICS_FILE, SAMPLES_FILE, TENSORBOARD_DIR, MetricsLogger
+from jax_ppo.logging import (
+    METRICS_FILE,
+    SAMPLES_FILE,
+    TENSORBOARD_DIR,
+    WANDB_ID_FILE,
+    MetricsLogger,
+)
 
 
 def read_jsonl(path) -> list[dict]:
@@ -222,8 +228,13 @@ def test_wandb_receives_metrics_when_installed(tmp_path, monkeypatch):
   calls = []
 
   class FakeRun:
-    def log(self, data, step):
-      calls.append(("log", data, step))
+    id = "abc123"
+
+    def define_metric(self, name, **kwargs):
+      calls.append(("define_metric", name, kwargs))
+
+    def log(self, data):
+      calls.append(("log", data))
 
     def finish(self):
       calls.append(("finish",))
@@ -239,9 +250,12 @@ def test_wandb_receives_metrics_when_installed(tmp_path, monkeypatch):
     log.log(3, {"objective/kl": jnp.float32(0.5), "h": jnp.arange(2)})
   assert calls == [
       ("init", {"project": "p", "dir": str(tmp_path), "config": {"lr": 1e-6}}),
-      ("log", {"objective/kl": 0.5}, 3),
+      ("define_metric", "step", {}),
+      ("define_metric", "*", {"step_metric": "step"}),
+      ("log", {"step": 3, "objective/kl": 0.5}),  # the step as a metric, never W&B's step=
       ("finish",),
   ]
+  assert (tmp_path / WANDB_ID_FILE).read_text() == "abc123\n"
 
 
 class _WandbWatch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -274,8 +288,13 @@ def _watch_wandb(monkeypatch) -> tuple[_WandbWatch, list]:
   calls = []
 
   class FakeRun:
-    def log(self, data, step):
-      calls.append(("log", data, step))
+    id = "fake"
+
+    def define_metric(self, name, **kwargs):
+      pass
+
+    def log(self, data):
+      calls.append(("log", data))
 
     def finish(self):
       calls.append(("finish",))
@@ -302,8 +321,8 @@ def test_wandb_is_not_imported_unless_enabled(tmp_path, monkeypatch):
   with MetricsLogger(tmp_path / "on", tensorboard=False, wandb=True) as log:
     log.log(1, {"objective/kl": 0.25})
   assert watch.imports == 1 and sys.modules["wandb"] is watch.module
-  assert calls == [("init", {"dir": str(tmp_path / "on")}), ("log", {"objective/kl": 0.25}, 1),
-                   ("finish",)]
+  assert calls == [("init", {"dir": str(tmp_path / "on")}),
+                   ("log", {"step": 1, "objective/kl": 0.25}), ("finish",)]
 
 
 def test_importing_the_logging_package_does_not_import_wandb():

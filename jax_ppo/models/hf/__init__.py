@@ -8,8 +8,17 @@
 * `save`: `save_pretrained` (safetensors files, `config.json`, `generation_config.json`);
 * `peft`: `save_peft_adapter`, a LoRA model's adapters as a PEFT adapter folder
   (`adapter_config.json`, `adapter_model.safetensors`) that `peft.PeftModel.from_pretrained` loads.
+* `hub`: `hub_model_folder`, a Hugging Face Hub id (`org/name[@revision]`) as the folder of its
+  snapshot in the local cache (never downloaded; an absent id names `hf download org/name`).
 """
 
+from jax_ppo.models.hf.hub import (
+    download_command,
+    hub_cache_dir,
+    hub_model_folder,
+    is_hub_id,
+    split_hub_id,
+)
 from jax_ppo.models.hf.load import (
     checkpoint_index,
     fill_on_host,
@@ -45,10 +54,14 @@ __all__ = [
     "Source",
     "TensorSpec",
     "checkpoint_index",
+    "download_command",
     "fill_on_host",
     "fill_sharded",
     "from_pretrained",
     "has_score_head",
+    "hub_cache_dir",
+    "hub_model_folder",
+    "is_hub_id",
     "load_config",
     "load_params",
     "load_scalar_model",
@@ -57,6 +70,7 @@ __all__ = [
     "read_slice",
     "save_peft_adapter",
     "save_pretrained",
+    "split_hub_id",
     "tensor_shape",
     "tensor_specs",
 ]

@@ -37,6 +37,7 @@ from jax_ppo.models import config as config_lib
 from jax_ppo.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from jax_ppo.models.errors import MissingModelFileError, ModelFileError, UnsupportedModelError
 from jax_ppo.models.heads import ScalarModel
+from jax_ppo.models.hf.hub import is_hub_id
 from jax_ppo.models.hf.tensors import (
     INDEX_FILE,
     REWRITE,
@@ -233,9 +234,12 @@ def _read_model_type(path: str) -> str:
   """
   config_path = os.path.join(path, "config.json")
   if not os.path.isfile(config_path):
+    hub = (f" (as a Hugging Face Hub id, pass `hub_model_folder({str(path)!r}, field=...)`, "
+           "its snapshot in the local cache; run configs do that themselves)"
+           if is_hub_id(str(path)) and not os.path.exists(path) else "")
     raise MissingModelFileError(
         f"No config.json in {path!r}; give a Hugging Face model folder written by "
-        "save_pretrained."
+        f"save_pretrained{hub}."
     )
   try:
     with open(config_path, encoding="utf-8") as f:
