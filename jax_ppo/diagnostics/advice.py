@@ -1,5 +1,5 @@
-"""When a PPO run does not fit its TPU slice: the smallest change that makes it fit, found by
-re-planning.
+"""When a PPO, SFT or reward-model run does not fit its TPU slice: the smallest change that
+makes it fit, found by re-planning.
 
 `advise(shape, chips=..., hbm_bytes=..., peaks_of=...)` has the run's programs compiled again
 (`peaks_of`, memory only: no cost variants) for one change of its config at a time, in the order
@@ -7,15 +7,18 @@ of what each change costs the run, and returns the first that fits:
 
 1. `mesh`: FSDP over more of the slice's chips (`mesh.fsdp=f mesh.data=n/f`, the smallest `f`
    that fits): the same training, parameters, moments and the reference split `f` ways;
-2. `ppo.gradient_accumulation_steps` doubled (then x4, ...): the same updates, fewer rows of
-   activations alive at a time, more sequential microbatches (while every chip keeps a row);
-3. `remat=full`: every layer recomputed in the backward pass (about a third more FLOPs);
-4. `lora.rank=16`: LoRA adapters instead of a full fine-tune (no reference copy, a small
-   optimizer state; a different algorithm);
+2. `ppo.gradient_accumulation_steps` (`sft.`, `reward.`) doubled (then x4, ...): the same
+   updates, fewer rows of activations alive at a time, more sequential microbatches (while every
+   chip keeps a row, or a pair of the reward model);
+3. `remat=full`: every layer recomputed in the backward pass (about a third more FLOPs; PPO runs
+   only: the SFT and reward-model runs have no remat field);
+4. `lora.rank=16`: LoRA adapters instead of a full fine-tune (a small optimizer state, and in PPO
+   no reference copy; a different algorithm);
 
 and when no single change fits, the largest step of each together. Each `Advice` names its
-config overrides (`key=value`, as `jax-ppo train` takes them), the largest per-chip peak and
-whether it fits.
+config overrides (`key=value`, as `jax-ppo train`, `sft` and `reward` take them), the largest
+per-chip peak and whether it fits. A planned run says where these live through its `knobs`
+(`Knobs`).
 Changes the config cannot express are not searched: the sampler's rollout micro-batch
 (`PPOTrainer(memory_budget_bytes=...)`) and frozen models (reference, reward model) in bfloat16
 (they are held in float32 beside the float32 masters).
@@ -32,6 +35,21 @@ from jax_ppo.parallel.mesh import MeshConfig
 
 ADVICE_LORA_RANK = 16
 """The LoRA rank `advise` proposes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+  """What `advise` may change in a planned run (`RunShape.knobs`, `StageShape.knobs`)."""
+
+  section: str
+  """The run-config section of the batch geometry: "ppo", "sft" or "reward" (the overrides'
+  prefix, e.g. `sft.gradient_accumulation_steps=4`)."""
+  field: str
+  """The shape's field that holds that section's config (replaced with the accumulation)."""
+  rows: int
+  """Rows (the reward model: pairs) of one optimizer step, split into the microbatches."""
+  remat: bool
+  """Whether the run config has a `remat` field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +81,7 @@ def mesh_sizes(shape: Any, chips: int) -> tuple[int, int, int]:
 
 
 Step = tuple[tuple[str, ...], dict]
-"""One change: its config overrides and the `RunShape` fields it replaces."""
+"""One change: its config overrides and the shape's fields it replaces."""
 
 
 def single_changes(shape: Any, chips: int) -> Iterator[tuple[str, list[Step]]]:
@@ -77,23 +95,27 @@ def single_changes(shape: Any, chips: int) -> Iterator[tuple[str, list[Step]]]:
       fsdp_steps.append(((f"mesh.data={d}", f"mesh.fsdp={f}", f"mesh.tensor={tensor}"),
                          {"mesh": MeshConfig(data=d, fsdp=f, tensor=tensor)}))
     f *= 2
-  yield "FSDP over more chips: parameters, moments and the reference split further", fsdp_steps
+  yield ("FSDP over more chips: parameters, moments (and PPO's frozen models) split further",
+         fsdp_steps)
 
-  c = shape.ppo
+  knobs = shape.knobs
+  c = getattr(shape, knobs.field)
   accumulation = []
   a = c.gradient_accumulation_steps * 2
-  while c.minibatch_size % a == 0 and c.minibatch_size // a >= data * fsdp:
-    accumulation.append(((f"ppo.gradient_accumulation_steps={a}",),
-                         {"ppo": dataclasses.replace(c, gradient_accumulation_steps=a)}))
+  while knobs.rows % a == 0 and knobs.rows // a >= data * fsdp:
+    accumulation.append(((f"{knobs.section}.gradient_accumulation_steps={a}",),
+                         {knobs.field: dataclasses.replace(c, gradient_accumulation_steps=a)}))
     a *= 2
   yield "fewer rows of activations alive at a time (more sequential microbatches)", accumulation
 
-  remat = [] if shape.remat in ("full", "layer") else [(("remat=full",), {"remat": "full"})]
+  remat = ([] if not knobs.remat or shape.remat in ("full", "layer") else
+           [(("remat=full",), {"remat": "full"})])
   yield "every layer recomputed in the backward pass (more FLOPs, fewer activations)", remat
 
   lora = [] if shape.lora is not None else [
       ((f"lora.rank={ADVICE_LORA_RANK}",), {"lora": LoRAConfig(rank=ADVICE_LORA_RANK)})]
-  yield "LoRA adapters: no reference copy, a small optimizer state (a different algorithm)", lora
+  yield ("LoRA adapters: a small optimizer state (and in PPO no reference copy; a different "
+         "algorithm)"), lora
 
 
 def advise(shape: Any, *, chips: int, hbm_bytes: int,
@@ -103,11 +125,12 @@ def advise(shape: Any, *, chips: int, hbm_bytes: int,
   `Advice` says); empty when there is nothing to change.
 
   Args:
-    shape: a run that does not fit (a `jax_ppo.diagnostics.ppo_plan.RunShape`).
+    shape: a run that does not fit (a `jax_ppo.diagnostics.ppo_plan.RunShape` or a
+      `jax_ppo.diagnostics.stage_plan.StageShape`).
     chips: the slice's chips.
     hbm_bytes: one chip's HBM.
     peaks_of: per-program peak bytes per chip of a shape, re-planned on the slice
-      (`jax_ppo.diagnostics.ppo_plan.memory_peaks`).
+      (`jax_ppo.diagnostics.ppo_plan.memory_peaks`, `stage_plan.memory_peaks`).
   """
   hbm = hbm_bytes
   largest: list[Step] = []
@@ -129,6 +152,7 @@ def advise(shape: Any, *, chips: int, hbm_bytes: int,
 __all__ = [
     "ADVICE_LORA_RANK",
     "Advice",
+    "Knobs",
     "Step",
     "advise",
     "mesh_sizes",

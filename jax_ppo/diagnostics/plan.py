@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jax.sharding import Mesh
@@ -252,6 +253,40 @@ def plan_chip(devices: list, topology: str) -> Chip:
   return chip
 
 
+def program_peaks(programs: Mapping[str, Program], *, topology: str) -> dict[str, int]:
+  """Per-chip peak bytes of each program (compiled for `topology`; `peak_bytes`), without costs.
+  A program XLA refuses for want of HBM gets what XLA said it needs (more than the chip has) or
+  `sys.maxsize`."""
+  peaks = {}
+  for name, program in programs.items():
+    try:
+      compiled = compile_program(name, program, topology=topology)
+    except DoesNotFit as e:
+      peaks[name] = e.required_bytes or sys.maxsize
+      continue
+    peaks[name] = peak_bytes(compiled.memory_analysis(), program.outside_bytes)
+  return peaks
+
+
+def plan_or_advise(make_plan: Callable[[], Plan], advised: Callable[[], Sequence[Any]], *,
+                   advice: bool) -> Plan:
+  """`make_plan()`, with `advised()` (the `jax_ppo.diagnostics.advice.Advice`s of the run) in
+  the plan when the run does not fit, or in the `DoesNotFit` error when XLA refuses a program for
+  want of HBM; `advice=False`: `make_plan()` alone."""
+  try:
+    plan = make_plan()
+  except DoesNotFit as e:
+    if not advice:
+      raise
+    found = advised()
+    fix = ("; it fits with " + " ".join(found[0].change) if found and found[0].fits else
+           "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
+    raise DoesNotFit(str(e) + fix, e.required_bytes) from e
+  if advice and not plan.fits:
+    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in advised()))
+  return plan
+
+
 def compile_plan(programs: Mapping[str, Program],
                  costs: Mapping[str, Cost] | Callable[[], Mapping[str, Cost]], *, topology: str,
                  devices: list, mesh: Mesh, dtype: str,
@@ -312,6 +347,8 @@ __all__ = [
     "format_plan",
     "peak_bytes",
     "plan_chip",
+    "plan_or_advise",
+    "program_peaks",
     "with_layers",
     "xla_cost",
 ]

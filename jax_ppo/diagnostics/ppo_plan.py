@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 from collections.abc import Callable, Iterable
 
 import jax
@@ -43,18 +42,18 @@ from flax import nnx
 from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
-from jax_ppo.diagnostics.advice import advise
+from jax_ppo.diagnostics.advice import Knobs, advise
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
-  DoesNotFit,
   Plan,
   Program,
   compile_plan,
   compile_program,
   grouped_depth_costs,
-  peak_bytes,
   plan_chip,
+  plan_or_advise,
+  program_peaks,
   with_layers,
   xla_cost,
 )
@@ -119,6 +118,12 @@ class RunShape:
       raise ValueError(f"RunShape.prompt_length={self.prompt_length!r}: use an int >= 1.")
     if self.dtype not in DTYPES:
       raise ValueError(f"RunShape.dtype={self.dtype!r}: choose one of {list(DTYPES)}.")
+
+  @property
+  def knobs(self) -> Knobs:
+    """What `jax_ppo.diagnostics.advice.advise` may change: the minibatch's accumulation
+    (`ppo.`) and `remat`."""
+    return Knobs(section="ppo", field="ppo", rows=self.ppo.minibatch_size, remat=True)
 
 
 def run_shape(config: RunConfig, *, prompt_length: int) -> RunShape:
@@ -464,19 +469,10 @@ def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost
 
 
 def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, int]:
-  """Per-chip peak bytes of each program of `shape` on the slice (compiled as the run compiles
-  them; `jax_ppo.diagnostics.plan.peak_bytes`), without costs. A program XLA refuses for want of
-  HBM gets what XLA said it needs (more than the chip has) or `sys.maxsize`."""
+  """Per-chip peak bytes of each program of `shape` on the slice, compiled as the run compiles
+  them, without costs (`jax_ppo.diagnostics.plan.program_peaks`)."""
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  peaks = {}
-  for name, program in RunPrograms(shape, mesh).programs().items():
-    try:
-      compiled = compile_program(name, program, topology=topology)
-    except DoesNotFit as e:
-      peaks[name] = e.required_bytes or sys.maxsize
-      continue
-    peaks[name] = peak_bytes(compiled.memory_analysis(), program.outside_bytes)
-  return peaks
+  return program_peaks(RunPrograms(shape, mesh).programs(), topology=topology)
 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
@@ -505,19 +501,10 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
     return advise(shape, chips=len(devices), hbm_bytes=hbm,
                   peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
 
-  try:
-    plan = compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
-                        dtype=shape.dtype, resident_bytes=run.resident_bytes)
-  except DoesNotFit as e:
-    if not advice:
-      raise
-    found = advised()
-    fix = ("; it fits with " + " ".join(found[0].change) if found and found[0].fits else
-           "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
-    raise DoesNotFit(str(e) + fix, e.required_bytes) from e
-  if advice and not plan.fits:
-    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in advised()))
-  return plan
+  return plan_or_advise(
+      lambda: compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
+                           dtype=shape.dtype, resident_bytes=run.resident_bytes),
+      advised, advice=advice)
 
 
 __all__ = [

@@ -18,7 +18,9 @@ of `split_trainable`, exactly what the trainers run):
   pairs), while the optimizer state stays on the chip.
 
 Memory, fit and roofline as in `jax_ppo.diagnostics.plan`; the resident arrays per chip are the
-trainable parameters, the optimizer state and the frozen rest (LoRA's base weights). Costs: the
+trainable parameters, the optimizer state and the frozen rest (LoRA's base weights). A run that
+does not fit gets the smallest change that makes it fit (`jax_ppo.diagnostics.advice`: FSDP over
+more chips, more gradient accumulation, LoRA), as `jax-ppo sft` / `reward` overrides. Costs: the
 layers come from variants compiled with 1 and 2 unrolled layers (`plan.depth_costs`), and the
 accumulation scan, whose body XLA counts once, is counted back from one microbatch's
 `value_and_grad` compiled alone (`microbatch_grad`):
@@ -41,8 +43,19 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from jax_ppo.diagnostics.advice import Knobs, advise
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
-from jax_ppo.diagnostics.plan import Cost, Plan, Program, compile_plan, depth_costs, with_layers
+from jax_ppo.diagnostics.plan import (
+  Cost,
+  Plan,
+  Program,
+  compile_plan,
+  depth_costs,
+  plan_chip,
+  plan_or_advise,
+  program_peaks,
+  with_layers,
+)
 from jax_ppo.diagnostics.shapes import SHAPE_PREFIX, plan_model_config
 from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices
 from jax_ppo.models import (
@@ -100,6 +113,12 @@ class StageShape:
   def stage(self) -> str:
     """"sft" or "reward"."""
     return "sft" if isinstance(self.config, SFTConfig) else "reward"
+
+  @property
+  def knobs(self) -> Knobs:
+    """What `jax_ppo.diagnostics.advice.advise` may change: the batch's accumulation (`sft.` or
+    `reward.`; the reward model's batch is pairs); no remat (the stage runs have no such field)."""
+    return Knobs(section=self.stage, field="config", rows=self.config.batch_size, remat=False)
 
 
 def stage_shape(config: SFTRunConfig | RewardRunConfig) -> StageShape:
@@ -252,13 +271,24 @@ def layer_costs(shape: StageShape, mesh: Mesh, *, topology: str) -> dict[str, Co
                      shape.model.num_layers, topology=topology)
 
 
-def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None) -> Plan:
+def memory_peaks(shape: StageShape, topology: str, *, devices: list) -> dict[str, int]:
+  """Per-chip peak bytes of each program of `shape` on the slice, compiled as the run compiles
+  them, without costs (`jax_ppo.diagnostics.plan.program_peaks`)."""
+  mesh = slice_mesh(devices, shape.mesh, topology=topology)
+  return program_peaks(StagePrograms(shape, mesh).programs(), topology=topology)
+
+
+def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None,
+               advice: bool = True) -> Plan:
   """Compiles the programs of `shape` for the TPU slice `topology` and reports them per chip.
 
   Args:
     shape: the run (model shapes, stage hyperparameters, dtype, LoRA, mesh sizes).
     topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4".
     devices: the slice's devices (default: `tpu_devices(topology)`).
+    advice: when the run does not fit, search the change that makes it fit
+      (`jax_ppo.diagnostics.advice.advise`: FSDP, gradient accumulation, LoRA; re-planning the
+      memory of each candidate).
 
   Raises:
     PlanError: libtpu missing or in use, an unknown topology or chip, a mesh that does not fit,
@@ -270,8 +300,15 @@ def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None)
   costs = lambda: loop_corrected(  # noqa: E731  (after every program fits)
       layer_costs(shape, mesh, topology=topology),
       accumulation_steps=shape.config.gradient_accumulation_steps)
-  return compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
-                      dtype=shape.dtype, resident_bytes=run.resident_bytes)
+
+  def advised():
+    return advise(shape, chips=len(devices), hbm_bytes=plan_chip(devices, topology).hbm_bytes,
+                  peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
+
+  return plan_or_advise(
+      lambda: compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
+                           dtype=shape.dtype, resident_bytes=run.resident_bytes),
+      advised, advice=advice)
 
 
 __all__ = [
@@ -279,6 +316,7 @@ __all__ = [
     "StageShape",
     "layer_costs",
     "loop_corrected",
+    "memory_peaks",
     "plan_stage",
     "stage_shape",
 ]

@@ -74,3 +74,44 @@ def test_every_change_is_a_config_override_that_means_what_it_says(tmp_path, kin
     changed = load_run_config([*base, *change])
     for field, value in fields.items():
       assert getattr(changed, field) == value, (change, field)
+
+
+def stage(kind: str, **kw):
+  """An SFT or reward-model run's shape, batch 16 (rows or pairs)."""
+  from jax_ppo.diagnostics.stage_plan import StageShape
+  from jax_ppo.reward_model.config import RewardModelConfig
+  from jax_ppo.sft.config import SFTConfig
+
+  config = SFTConfig(batch_size=16) if kind == "sft" else RewardModelConfig(batch_size=16)
+  return StageShape(model=MODEL, config=config, **kw)
+
+
+def stage_peaks(s) -> dict[str, int]:
+  """`peaks` for a stage: activations over its own accumulation steps."""
+  params = (10 if s.lora is not None else 100) // (s.mesh.fsdp if s.mesh else 1)
+  return {"train_step": params + 64 // s.config.gradient_accumulation_steps}
+
+
+@pytest.mark.parametrize("kind", ["sft", "reward"])
+def test_stage_runs_get_their_own_accumulation_and_no_remat(tmp_path, kind):
+  """An SFT or reward-model run accumulates under its own section, is never told `remat=full`
+  (its run config has no such field), and each change reads back through its run config."""
+  from jax_ppo.runs.stages import load_stage_run_config
+
+  s = stage(kind, mesh=MeshConfig(data=1, fsdp=8))  # 12 + 64
+  found = advice.advise(s, chips=8, hbm_bytes=30, peaks_of=stage_peaks)
+  # 16 rows over 8 chips: accumulation 2 only; 12 + 32 > 30, LoRA 1 + 64 > 30; together 1 + 32
+  assert found[0].change == (f"{kind}.gradient_accumulation_steps=2", "lora.rank=16")
+  assert not found[0].fits and found[0].peak_bytes_per_chip == 33
+  assert [why for why, steps in advice.single_changes(s, 8) if steps and "remat" in
+          " ".join(c for change, _ in steps for c in change)] == []
+  s = stage(kind, mesh=MeshConfig(data=8))
+  base = [f"model_path={tmp_path}/model", "train_path=data.jsonl", f"run_dir={tmp_path}/r",
+          "mesh.data=8", f"{kind}.batch_size=16"]
+  for why, steps in advice.single_changes(s, 8):
+    for change, fields in steps:
+      changed = load_stage_run_config(kind, [*base, *change])
+      for field, value in fields.items():
+        got = changed.mesh if field == "mesh" else (
+            changed.lora if field == "lora" else getattr(changed, kind))
+        assert got == value, (why, change)

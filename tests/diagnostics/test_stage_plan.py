@@ -204,3 +204,29 @@ def test_lora_reward_plan_holds_the_base_frozen_and_trains_the_adapters(root, re
   assert train["argument_bytes"] >= sum(resident.values())
   assert train["flops"] > train["xla_flops"]
   assert reward_plan["programs"]["eval_step"]["outside_bytes"] == resident["optimizer"]
+
+
+def test_an_sft_run_that_does_not_fit_gets_the_change_that_makes_it_fit(root, sft_plan,
+                                                                        monkeypatch):
+  """On a chip with a little less HBM than the replicated SFT run's largest peak, the plan says
+  it does not fit and, re-planning, names the `sft` run's change that makes it fit (FSDP over 2 or
+  4 chips), with the re-planned run's peak."""
+  import dataclasses
+
+  largest = max(p["peak_bytes_per_chip"] for p in sft_plan["programs"].values())
+  v5e = chip_for("TPU v5 lite")
+  monkeypatch.setattr(plan_lib, "chip_for",
+                      lambda kind: dataclasses.replace(v5e, hbm_bytes=int(0.9 * largest)))
+  shape = _shape(root, "sft")
+  plan = stage_plan.plan_stage(shape, TOPOLOGY)
+  assert not plan.fits and len(plan.advice) == 1
+  (advice,) = plan.advice
+  assert advice["fits"] and advice["why"].startswith("FSDP")
+  assert advice["change"] in (["mesh.data=2", "mesh.fsdp=2", "mesh.tensor=1"],
+                              ["mesh.data=1", "mesh.fsdp=4", "mesh.tensor=1"])
+  fsdp = int(advice["change"][1].split("=")[1])
+  again = stage_plan.memory_peaks(dataclasses.replace(
+      shape, mesh=MeshConfig(data=4 // fsdp, fsdp=fsdp)), TOPOLOGY,
+      devices=tpu_devices(TOPOLOGY))
+  assert advice["peak_bytes_per_chip"] == max(again.values()) <= 0.9 * largest
+  assert "advice: mesh.data=" in plan_lib.format_plan(plan)
