@@ -97,11 +97,11 @@ from jax_ppo.training.loop import (
   CHECKPOINT_DIR,
   RunLoop,
   RunOptions,
-  RunStage,
   StepAbandoned,
   TrainingHistory,
 )
 from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.stage import RunStage
 
 __all__ = ["PPOTrainer"]
 

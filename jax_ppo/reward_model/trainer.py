@@ -71,8 +71,9 @@ from jax_ppo.reward_model.pairwise import (
 )
 from jax_ppo.reward_model.steps import RewardModelSteps, split_trainable
 from jax_ppo.training.export import export_pretrained
-from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.loop import RunLoop, RunOptions
 from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.stage import RunStage
 from jax_ppo.training.state import StageState, batch_rows, init_stage_state
 
 Array = jax.Array

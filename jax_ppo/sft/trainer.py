@@ -49,8 +49,9 @@ from jax_ppo.parallel.rules import shard_params
 from jax_ppo.sft.config import SFTConfig
 from jax_ppo.sft.steps import SFTBatch, SFTSteps, split_trainable
 from jax_ppo.training.export import export_pretrained
-from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.loop import RunLoop, RunOptions
 from jax_ppo.training.optim import make_optimizer
+from jax_ppo.training.stage import RunStage
 from jax_ppo.training.state import StageState, batch_rows, init_stage_state
 
 Array = jax.Array

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import pytest
 
 from jax_ppo.logging import WANDB_ID_FILE, MetricsLogger
-from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.loop import RunLoop, RunOptions
+from jax_ppo.training.stage import RunStage
 from jax_ppo.training.state import StageState
 
 pytest.importorskip("wandb")  # the `test` extra installs it

@@ -10,7 +10,8 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from jax_ppo.training.loop import RunLoop, RunOptions, RunStage
+from jax_ppo.training.loop import RunLoop, RunOptions
+from jax_ppo.training.stage import RunStage
 from jax_ppo.training.state import StageState
 
 
