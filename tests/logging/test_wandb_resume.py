@@ -8,7 +8,6 @@ The real `wandb` package runs in offline mode (no network): it writes
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
 import struct
@@ -19,9 +18,7 @@ import jax.numpy as jnp
 import pytest
 
 from jax_ppo.logging import WANDB_ID_FILE, MetricsLogger
-from jax_ppo.training.loop import RunLoop, RunOptions
-from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState
+from tests.toy_stage import ToyStage
 
 pytest.importorskip("wandb")  # the `test` extra installs it
 
@@ -161,39 +158,11 @@ def test_the_users_id_or_resume_wins_over_the_kept_id(tmp_path, monkeypatch):
   assert start() == {}  # W&B reads the environment itself
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Config:
-  name: str = "toy"
-
-
-class _Stage(RunStage):
-  """A stage whose step adds 1 to a parameter, on a run folder logging to W&B."""
-
-  def __init__(self, run_dir):
-    self.state = StageState(params={"w": jnp.zeros(())}, opt_state=(),
-                            step=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32))
-    self.total_steps = 4
-    self.run = RunLoop(self, run_dir, run_config=_Config(), total_steps=4,
-                       options=RunOptions(save_every=2, progress=False, tensorboard=False,
-                                          plots=False, wandb=True, async_checkpointing=False))
-
-  def step(self):
-    w = self.state.params["w"] + self.state.lr_scale
-    self.state = self.state.replace(params={"w": w}, step=self.state.step + 1)
-    return {"w": float(w)}
-
-  def checkpoint_extra(self):
-    return {"stage": "toy"}
-
-  def restore_checkpoint(self, checkpointer, step):
-    return self.restore_stage_state(checkpointer, step, stage="toy")
-
-
 def test_a_resumed_run_folder_continues_its_wandb_run(tmp_path, offline):
-  with _Stage(tmp_path) as stage:
+  with ToyStage(tmp_path, total_steps=4, wandb=True) as stage:
     stage.train(2)
   first = _kept_id(tmp_path)
-  with _Stage(tmp_path) as stage:  # resumes from the checkpoint of step 2
+  with ToyStage(tmp_path, total_steps=4, wandb=True) as stage:  # resumes from step 2
     assert stage.step_count == 2
     stage.train(2)
   assert _kept_id(tmp_path) == first

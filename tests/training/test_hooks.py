@@ -7,17 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import jax.numpy as jnp
 import pytest
 
-from jax_ppo.training.loop import RunLoop, RunOptions
-from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Config:
-  name: str = "toy"
+from tests.toy_stage import ToyStage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,33 +56,9 @@ class _Hook:
     self.seen = list(state["seen"])
 
 
-class _Stage(RunStage):
-  """A stage whose step adds 1 to a parameter (scaled by the learning-rate scale)."""
-
-  def __init__(self, run_dir, *, hooks=(), rollback=False):
-    self.state = StageState(params={"w": jnp.zeros(())}, opt_state=(),
-                            step=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32))
-    self.total_steps = 8
-    self.run = RunLoop(self, run_dir, run_config=_Config(), total_steps=8, hooks=hooks,
-                       options=RunOptions(save_every=2, progress=False, tensorboard=False,
-                                          plots=False, rollback=rollback,
-                                          async_checkpointing=False))
-
-  def step(self):
-    w = self.state.params["w"] + self.state.lr_scale
-    self.state = self.state.replace(params={"w": w}, step=self.state.step + 1)
-    return {"w": float(w)}
-
-  def checkpoint_extra(self):
-    return {"stage": "toy"}
-
-  def restore_checkpoint(self, checkpointer, step):
-    return self.restore_stage_state(checkpointer, step, stage="toy")
-
-
 def test_a_hook_adds_metrics_triggers_the_rollback_and_resumes_with_its_state(tmp_path):
   hook = _Hook(collapse_at=5)
-  with _Stage(tmp_path, hooks=(hook,), rollback=True) as stage:
+  with ToyStage(tmp_path, hooks=(hook,), rollback=True) as stage:
     history = stage.train(6)
   assert [m["toy/seen"] for m in history][:4] == [1.0, 2.0, 3.0, 4.0]
   rolled = [m for m in history if "rollback/to_step" in m]
@@ -100,13 +68,13 @@ def test_a_hook_adds_metrics_triggers_the_rollback_and_resumes_with_its_state(tm
   assert all("toy/seen" in r for r in logged)
 
   again = _Hook()
-  resumed = _Stage(tmp_path, hooks=(again,))
+  resumed = ToyStage(tmp_path, hooks=(again,))
   assert again.loaded == [hook.state_dict()]  # the hook's state came back from the checkpoint
   resumed.close()
 
 
 def test_a_stage_without_hooks_never_rolls_back(tmp_path):
-  with _Stage(tmp_path, rollback=True) as stage:
+  with ToyStage(tmp_path, rollback=True) as stage:
     history = stage.train(6)
   assert [int(m["w"]) for m in history] == [1, 2, 3, 4, 5, 6]
   assert not any("rollback/to_step" in m or "toy/seen" in m for m in history)
@@ -114,8 +82,8 @@ def test_a_stage_without_hooks_never_rolls_back(tmp_path):
 
 def test_hooks_need_distinct_names_apart_from_the_loops_own_keys(tmp_path):
   with pytest.raises(ValueError, match="distinct names"):
-    _Stage(None, hooks=(_Hook(), _Hook()))
+    ToyStage(None, hooks=(_Hook(), _Hook()))
   named = _Hook()
   named.name = "rollbacks"
   with pytest.raises(ValueError, match="distinct names"):
-    _Stage(None, hooks=(named,))
+    ToyStage(None, hooks=(named,))
