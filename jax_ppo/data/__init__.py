@@ -1,6 +1,7 @@
 """Data: prompt datasets with a deterministic, resumable order, SFT examples, and records read
 from JSONL / Parquet files or local Hugging Face `datasets` folders, each checked by one path
-(`jax_ppo.data.records`) however it arrives."""
+(`jax_ppo.data.records`) however it arrives; and the seeded arithmetic task
+(`jax_ppo.data.arithmetic`), problems and files with a verifiable answer."""
 
 from jax_ppo.data.files import (
     check_data_path,

@@ -2,7 +2,7 @@
 
 `scorers` (a reward model, a Python function on texts or token ids, and their weighted
 combination), `specs` (the built-in reward functions and `module:function` references a run
-config names).
+config names), `arithmetic` (the exact-match reward of the arithmetic task).
 """
 
 from jax_ppo.rewards.scorers import CombinedScorer, FunctionScorer, RewardModelScorer, TokenScorer

@@ -20,12 +20,17 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from jax_ppo.rewards import arithmetic
 from jax_ppo.rewards.scorers import FunctionScorer, TokenScorer
 
 REWARD_FUNCTIONS: Mapping[str, str] = {
     "length": "number of response tokens (the stop token included)",
     "count:<token>": "occurrences in the response of <token>: a token of the policy's "
                      "vocabulary (its string, e.g. count:Ġgood) or an id (count:42)",
+    "arithmetic_exact_match": "1.0 when the response's final integer (after its last "
+                              "'Answer:', else its last integer) is the exact result of the "
+                              "'What is A op B?' its prompt states, else 0.0 (prompts of "
+                              "`python -m jax_ppo.data.arithmetic`; jax_ppo.rewards.arithmetic)",
 }
 """Built-in programmatic rewards for `RunConfig.reward_function`: spec -> description."""
 
@@ -129,10 +134,15 @@ def import_reward_function(spec: str) -> Callable[[list, list], Any]:
 def reward_function(spec: str, tokenizer: Any = None) -> TokenScorer | FunctionScorer:
   """The scorer of a `RunConfig.reward_function`: a built-in (`REWARD_FUNCTIONS`, a jittable
   `TokenScorer`) or a `package.module:function` (`import_reward_function`, a `FunctionScorer` on
-  the decoded texts)."""
+  the decoded texts; `arithmetic_exact_match` is such a scorer too, and needs the tokenizer)."""
   name, arg = parse_reward_function(spec)
   if name not in {k.partition(":")[0] for k in REWARD_FUNCTIONS}:
     return FunctionScorer(import_reward_function(spec), tokenizer=tokenizer, name=spec)
+  if name == "arithmetic_exact_match":
+    if tokenizer is None:
+      raise ValueError(f"RunConfig.reward_function={spec!r} scores decoded texts: give the "
+                       "policy's tokenizer.")
+    return FunctionScorer(arithmetic.exact_match, tokenizer=tokenizer, name=spec)
   if name == "length":
     def length(prompt_ids, prompt_mask, response_ids, response_mask):
       return jnp.sum(response_mask, axis=1).astype(jnp.float32)
