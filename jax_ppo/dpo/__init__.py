@@ -4,7 +4,8 @@ preference pairs, against a frozen reference.
 `config` (`DPOConfig` and its optimizer block `DPOOptimizer`), `pairs` (tokenized pairs with
 their response tokens marked, and their encoding from preference records), `steps` (the policy's
 and the reference's sequence log-probs, `jax_ppo.core.dpo_loss`, the compiled train and eval
-steps), `trainer` (`DPOTrainer`: data, the run loop, evaluation, export).
+steps), `trainer` (`DPOTrainer`: data, the precomputed reference, the run loop, evaluation,
+export).
 """
 
 from jax_ppo.dpo.config import DPOConfig, DPOOptimizer

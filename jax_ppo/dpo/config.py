@@ -74,7 +74,15 @@ class DPOConfig:
   """Evaluate on the held-out split every this many steps (0: only when `evaluate()` is
   called)."""
   eval_batch_size: int = 16
-  """Pairs per evaluation batch."""
+  """Pairs per evaluation batch (and per batch of `precompute_reference`)."""
+  precompute_reference: bool = False
+  """Compute the reference's log-probs of every training and held-out pair once, before the
+  first step (in batches of `eval_batch_size` pairs, logged as `time/reference_s`), keep them on
+  the host and train the policy alone against them (TRL's `precompute_ref_log_probs`): a step
+  then runs no reference forward, and without LoRA the reference's weights are freed. The same
+  losses and weights as False within float32 rounding (while the policy still is the reference,
+  rounding may count a tied pair in `rewards/accuracies`); a resumed run computes them again (one
+  reference forward over all pairs). False: the reference runs in every step."""
 
   # --- optimisation ---
   optimizer: DPOOptimizer = dataclasses.field(default_factory=DPOOptimizer)
@@ -110,8 +118,9 @@ class DPOConfig:
       bad("gradient_accumulation_steps",
           f"it must divide batch_size ({self.batch_size}) into equal microbatches")
     check_stage_fields(self, bad, data="the pairs")
-    if not isinstance(self.add_eos, bool):
-      bad("add_eos", "use True or False")
+    for field in ("add_eos", "precompute_reference"):
+      if not isinstance(getattr(self, field), bool):
+        bad(field, "use True or False")
     for field in ("prompt_field", "chosen_field", "rejected_field"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give the record's field name as a non-empty string")

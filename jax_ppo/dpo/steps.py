@@ -12,8 +12,10 @@ where :math:`z_{t-1}` are the logits at the position before token :math:`y_t`
 would exceed `DPOSteps.logits_chunk_bytes`). The reference's log-probs are computed on the fly in
 the same step, under `stop_gradient`: the starting policy's weights (`ref`, a frozen copy with
 no optimizer state), or, for a LoRA policy, the same module with its adapters off (the base
-weights, which exist once in memory). The loss (Rafailov et al. 2023; IPO, hinge, cDPO) is
-`dpo_loss` with the metrics under TRL's names (`rewards/chosen`, `rewards/rejected`,
+weights, which exist once in memory). With `DPOConfig.precompute_reference` the trainer instead
+computes the reference's log-probs of every pair once (`reference_logps`) and feeds them to the
+`*_cached` programs, which run the policy alone. The loss (Rafailov et al. 2023; IPO, hinge,
+cDPO) is `dpo_loss` with the metrics under TRL's names (`rewards/chosen`, `rewards/rejected`,
 `rewards/accuracies`, `rewards/margins`, `logps/chosen`, `logps/rejected`).
 
 A step is the training kit's (`jax_ppo.training.state`): with `accumulation_steps = k > 1` the
@@ -93,6 +95,13 @@ class DPOSteps:
     pairs of the per-pair loss and of every metric above, and `pairs` (the weight sum).
   - `logps(params, rest, ref, pairs) -> (policy [B, 2], reference [B, 2])`: the chosen and
     rejected sequence log-probs (columns 0 and 1).
+  - `reference_logps(params, rest, ref, pairs) -> reference [B, 2]`: the reference's alone
+    (replicated on a mesh, so every process can read all of it): the log-probs that
+    `DPOConfig.precompute_reference` caches.
+  - `train_cached_step(state, rest, ref_logps, pairs)` and
+    `eval_cached_sums(params, rest, ref_logps, pairs, weight)`: `train_step` and `eval_sums` with
+    the reference's `[B, 2]` float32 log-probs of the pairs given (`reference_logps`'s) instead
+    of computed: one forward of the policy only.
 
   Args:
     config: the run's `DPOConfig` (`beta`, `loss_type`, `label_smoothing`,
@@ -121,60 +130,114 @@ class DPOSteps:
     self.mesh = mesh
     if mesh is None:
       self.train_step = jax.jit(self.train_impl, donate_argnums=0)
+      self.train_cached_step = jax.jit(self.train_cached_impl, donate_argnums=0)
       self.eval_sums = jax.jit(self.eval_impl)
+      self.eval_cached_sums = jax.jit(self.eval_cached_impl)
       self.logps = jax.jit(self.logps_impl)
+      self.reference_logps = jax.jit(self.reference_impl)
     else:
       frozen = ("params", "params", "params")
       self.train_step = MeshJit(self.train_impl, mesh, in_roles=(*frozen, "batch"),
                                 out_roles=("params", "replicated"), donate_argnums=(0,))
+      self.train_cached_step = MeshJit(
+          self.train_cached_impl, mesh, in_roles=("params", "params", "batch", "batch"),
+          out_roles=("params", "replicated"), donate_argnums=(0,))
       self.eval_sums = MeshJit(self.eval_impl, mesh, in_roles=(*frozen, "batch", "batch"),
                                out_roles="replicated")
+      self.eval_cached_sums = MeshJit(
+          self.eval_cached_impl, mesh, in_roles=("params", "params", "batch", "batch", "batch"),
+          out_roles="replicated")
       self.logps = MeshJit(self.logps_impl, mesh, in_roles=(*frozen, "batch"),
                            out_roles=("batch", "batch"))
+      self.reference_logps = MeshJit(self.reference_impl, mesh, in_roles=(*frozen, "batch"),
+                                     out_roles="replicated")
+
+  @staticmethod
+  def _rows(pairs: DPOPairs) -> tuple[Array, Array, Array]:
+    """`(ids, mask, response)` `[2B, S]`: the chosen rows, then the rejected ones."""
+    return (jnp.concatenate([pairs.chosen_ids, pairs.rejected_ids]),
+            jnp.concatenate([pairs.chosen_mask, pairs.rejected_mask]),
+            jnp.concatenate([pairs.chosen_response, pairs.rejected_response]))
+
+  @staticmethod
+  def _columns(lp_2b: Array) -> Array:
+    """`[2B]` (chosen rows, then rejected) -> `[B, 2]` (chosen, rejected)."""
+    b = lp_2b.shape[0] // 2
+    return jnp.stack([lp_2b[:b], lp_2b[b:]], axis=1)
+
+  def policy_logps(self, params: nnx.State, rest: nnx.State, pairs: DPOPairs) -> Array:
+    """The policy's `[B, 2]` float32 sequence log-probs (chosen, rejected): one forward pass
+    over the `2B` rows."""
+    policy = nnx.merge(self.graphdef, params, rest)
+    pi = sequence_logprobs(policy, *self._rows(pairs), chunk_bytes=self.logits_chunk_bytes)
+    return self._columns(pi)
+
+  def reference_impl(self, params: nnx.State, rest: nnx.State, ref: nnx.State,
+                     pairs: DPOPairs) -> Array:
+    """The reference's `[B, 2]` float32 sequence log-probs (chosen, rejected), under
+    `stop_gradient`: `ref` merged with `rest`, or with LoRA the policy with its adapters off
+    (`params` then only completes the graph). `reference_logps` compiles it."""
+    chunk = self.logits_chunk_bytes
+    if self.lora:
+      reference = nnx.merge(self.graphdef, jax.lax.stop_gradient(params), rest)
+      ref_lp = sequence_logprobs(reference, *self._rows(pairs), use_lora=False,
+                                 chunk_bytes=chunk)
+    else:
+      reference = nnx.merge(self.graphdef, ref, rest)
+      ref_lp = sequence_logprobs(reference, *self._rows(pairs), chunk_bytes=chunk)
+    return jax.lax.stop_gradient(self._columns(ref_lp))
 
   def pair_logps(self, params: nnx.State, rest: nnx.State, ref: nnx.State,
                  pairs: DPOPairs) -> tuple[Array, Array]:
     """`(policy [B, 2], reference [B, 2])` float32 sequence log-probs (chosen, rejected), from
     one forward pass of each model over the `2B` rows; the reference's under `stop_gradient`."""
-    ids = jnp.concatenate([pairs.chosen_ids, pairs.rejected_ids])
-    mask = jnp.concatenate([pairs.chosen_mask, pairs.rejected_mask])
-    response = jnp.concatenate([pairs.chosen_response, pairs.rejected_response])
-    chunk = self.logits_chunk_bytes
-    policy = nnx.merge(self.graphdef, params, rest)
-    pi = sequence_logprobs(policy, ids, mask, response, chunk_bytes=chunk)
-    if self.lora:
-      reference = nnx.merge(self.graphdef, jax.lax.stop_gradient(params), rest)
-      ref_lp = sequence_logprobs(reference, ids, mask, response, use_lora=False,
-                                 chunk_bytes=chunk)
-    else:
-      reference = nnx.merge(self.graphdef, ref, rest)
-      ref_lp = sequence_logprobs(reference, ids, mask, response, chunk_bytes=chunk)
-    b = pairs.chosen_ids.shape[0]
-    return (jnp.stack([pi[:b], pi[b:]], axis=1),
-            jax.lax.stop_gradient(jnp.stack([ref_lp[:b], ref_lp[b:]], axis=1)))
+    return (self.policy_logps(params, rest, pairs),
+            self.reference_impl(params, rest, ref, pairs))
+
+  def pair_loss(self, pi: Array, ref_lp: Array) -> tuple[Array, dict[str, Array]]:
+    """`dpo_loss` (mean over the pairs) of the policy's and the reference's `[B, 2]`
+    log-probs."""
+    c = self.config
+    return dpo_loss(pi[:, 0], pi[:, 1], ref_lp[:, 0], ref_lp[:, 1], beta=c.beta,
+                    loss_type=c.loss_type, label_smoothing=c.label_smoothing)
 
   def loss(self, params: nnx.State, rest: nnx.State, ref: nnx.State,
            pairs: DPOPairs) -> tuple[Array, dict[str, Array]]:
     """`dpo_loss` (mean over the pairs) of the policy's and reference's log-probs of `pairs`."""
-    c = self.config
-    pi, ref_lp = self.pair_logps(params, rest, ref, pairs)
-    return dpo_loss(pi[:, 0], pi[:, 1], ref_lp[:, 0], ref_lp[:, 1], beta=c.beta,
-                    loss_type=c.loss_type, label_smoothing=c.label_smoothing)
+    return self.pair_loss(*self.pair_logps(params, rest, ref, pairs))
+
+  def cached_loss(self, params: nnx.State, rest: nnx.State, ref_logps: Array,
+                  pairs: DPOPairs) -> tuple[Array, dict[str, Array]]:
+    """`loss` with the reference's `[B, 2]` log-probs of `pairs` given."""
+    return self.pair_loss(self.policy_logps(params, rest, pairs), ref_logps)
 
   def train_impl(self, state: StageState, rest: nnx.State, ref: nnx.State,
                  pairs: DPOPairs) -> tuple[StageState, dict[str, Array]]:
     """One optimizer step on `pairs` `[N, S]` (uncompiled; `train_step` compiles it)."""
+    return self.optimizer_step(state, lambda p, b: self.loss(p, rest, ref, b), pairs)
+
+  def train_cached_impl(self, state: StageState, rest: nnx.State, ref_logps: Array,
+                        pairs: DPOPairs) -> tuple[StageState, dict[str, Array]]:
+    """One optimizer step on `pairs` `[N, S]` with the reference's `[N, 2]` log-probs given
+    (uncompiled; `train_cached_step` compiles it)."""
+    return self.optimizer_step(state, lambda p, b: self.cached_loss(p, rest, *b),
+                               (ref_logps, pairs))
+
+  def optimizer_step(self, state: StageState, loss_fn, batch) -> tuple[StageState,
+                                                                        dict[str, Array]]:
+    """One optimizer step on `loss_fn(params, batch) -> (loss, metrics)`, whose arrays have the
+    pairs as rows (split into `gradient_accumulation_steps` microbatches)."""
     k = self.config.gradient_accumulation_steps
-    grad_fn = jax.value_and_grad(self.loss, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if k == 1:
-      (loss, metrics), grads = grad_fn(state.params, rest, ref, pairs)
+      (loss, metrics), grads = grad_fn(state.params, batch)
     else:  # equal microbatches: the mean of their means is the batch's mean
 
       def micro_grad(params, mb):
-        (loss, metrics), grads = grad_fn(params, rest, ref, mb)
+        (loss, metrics), grads = grad_fn(params, mb)
         return jax.tree.map(lambda x: x / k, ((loss, metrics), grads))
 
-      xs = constrain_rows(microbatches(pairs, k), self.mesh, axis=1)
+      xs = constrain_rows(microbatches(batch, k), self.mesh, axis=1)
       (loss, metrics), grads = accumulate_gradients(micro_grad, state.params, xs)
     new, finite, grad_norm = apply_gradients(state, self.optimizer, grads, loss=loss)
     out = {key: v for key, v in metrics.items() if key != "dpo_loss"}
@@ -189,14 +252,16 @@ class DPOSteps:
                 weight: Array) -> dict[str, Array]:
     """Weighted sums of the per-pair loss and metrics (uncompiled; `eval_sums` compiles it):
     `dpo_loss` of each pair alone (`jax.vmap` over `[1]`-pair batches), times `weight [B]`."""
-    c = self.config
-    pi, ref_lp = self.pair_logps(params, rest, ref, pairs)
+    return self.weighted_sums(*self.pair_logps(params, rest, ref, pairs), weight)
 
-    def one(p, r):
-      return dpo_loss(p[:1], p[1:], r[:1], r[1:], beta=c.beta, loss_type=c.loss_type,
-                      label_smoothing=c.label_smoothing)
+  def eval_cached_impl(self, params: nnx.State, rest: nnx.State, ref_logps: Array,
+                       pairs: DPOPairs, weight: Array) -> dict[str, Array]:
+    """`eval_impl` with the reference's `[B, 2]` log-probs given (`eval_cached_sums`)."""
+    return self.weighted_sums(self.policy_logps(params, rest, pairs), ref_logps, weight)
 
-    loss, metrics = jax.vmap(one)(pi, ref_lp)
+  def weighted_sums(self, pi: Array, ref_lp: Array, weight: Array) -> dict[str, Array]:
+    """`weight [B]`-weighted sums of each pair's `dpo_loss` and metrics, and `pairs`."""
+    loss, metrics = jax.vmap(lambda p, r: self.pair_loss(p[None], r[None]))(pi, ref_lp)
     w = weight.astype(jnp.float32)
     sums = {key: jnp.sum(w * v) for key, v in metrics.items() if key != "dpo_loss"}
     sums.update({"loss": jnp.sum(w * loss), "pairs": jnp.sum(w)})

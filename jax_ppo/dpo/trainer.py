@@ -21,6 +21,10 @@ evaluates (the per-pair means of the loss and TRL's metrics, under `eval/`) and 
 policy as a Hugging Face causal-LM folder (LoRA merged). With a `run_dir` the shared `RunLoop`
 writes `config.yaml`, `metrics.jsonl`, checkpoints and a progress bar, and resumes from the
 latest checkpoint; the reference is not checkpointed (it is the starting model, given again).
+With `DPOConfig.precompute_reference` the reference's log-probs of every training and held-out pair
+are computed once, before the first step or evaluation (`precompute_reference`), kept on the host
+and fed to the policy-only programs; a resumed run computes them again (the same numbers: the
+same compiled program on the same pairs), which costs one reference forward over all pairs.
 On a device mesh (`mesh=`) the parameters, the reference and the optimizer state are split by
 the logical-axis rules and each batch's rows over `data` x `fsdp`; several processes each put
 their own rows of each batch into the global arrays (`jax_ppo.parallel.host_rows`).
@@ -31,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,6 +86,15 @@ class DPOTrainer(RunStage):
       starting weights. Not with LoRA (the reference is then the base weights).
     run_dir, run_options, run_config: the run folder, as `SFTTrainer`'s.
     mesh: a device mesh (`jax_ppo.parallel.make_mesh`); None: one device.
+
+  Attributes:
+    reference_cache: with `DPOConfig.precompute_reference`, once computed: `{"train": [N, 2],
+      "eval": [M, 2]}` host float32 arrays, the reference's (chosen, rejected) sequence
+      log-probs of pair `i` of `train_pairs` / `eval_pairs` in row `i` ("eval" only with a
+      held-out split); else None.
+    reference_seconds: how long computing `reference_cache` took (None before).
+    reference_freed: True once `precompute_reference` dropped a full reference's parameters
+      (`ref` is then an empty dict).
   """
 
   CHECKPOINT_STAGE = "dpo"
@@ -150,6 +164,10 @@ class DPOTrainer(RunStage):
         raise ValueError("The reference model's parameters differ in structure or shape from "
                          "the policy's; give a reference of the same architecture and size.")
     self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
+    self.reference_cache: dict[str, np.ndarray] | None = None
+    self.reference_seconds: float | None = None
+    self.reference_freed = False
+    self._reference_logged = False
     self.steps = DPOSteps(c, graphdef=graphdef, lora=self.lora, optimizer=self.optimizer,
                           schedule=self.schedule, mesh=mesh)
     state = init_stage_state(self.optimizer, params)
@@ -192,11 +210,66 @@ class DPOTrainer(RunStage):
 
   # -- training and evaluation --------------------------------------------------------------
 
+  def precompute_reference(self) -> float:
+    """Computes `reference_cache` (the reference's log-probs of the training and held-out pairs)
+    and returns the seconds it took. Without LoRA it then frees the reference: the trainer drops
+    its parameters (`ref`; their device memory is released unless the caller still holds a
+    `reference=` module), so training holds only the policy; `evaluate(data)` on other pairs
+    then needs `precompute_reference=False`. With LoRA nothing is freed (the reference is the
+    policy's own base weights)."""
+    start = time.perf_counter()
+    cache = {"train": self.reference_logps(self.train_pairs)}
+    if self.eval_pairs is not None:
+      cache["eval"] = self.reference_logps(self.eval_pairs)
+    self.reference_cache = cache
+    if not self.lora:
+      self.ref, self.reference_freed = {}, True
+    self.reference_seconds = time.perf_counter() - start
+    return self.reference_seconds
+
+  def reference_logps(self, pairs: DPOPairs) -> np.ndarray:
+    """The reference's `[N, 2]` float32 (chosen, rejected) sequence log-probs of every pair of
+    `pairs`, on the host of every process, from batches of `eval_batch_size` pairs
+    (`DPOSteps.reference_logps`)."""
+    self._require_reference()
+    n = pairs.num_pairs
+    out = np.zeros((n, 2), np.float32)
+    for index, weight in eval_chunks(n, min(self.config.eval_batch_size, n)):
+      rows = self.place_rows(pairs.take(index))
+      lp = np.asarray(jax.device_get(
+          self.steps.reference_logps(self.state.params, self.rest, self.ref, rows)), np.float32)
+      keep = weight > 0
+      out[index[keep]] = lp[keep]
+    return out
+
+  def _require_reference(self) -> None:
+    if self.reference_freed:
+      raise ValueError("The reference was freed after DPOConfig.precompute_reference cached its "
+                       "log-probs of the training and held-out pairs; evaluate other pairs with "
+                       "a trainer built with precompute_reference=False, or pass them as "
+                       "eval_data.")
+
+  def _ensure_reference_cache(self) -> None:
+    if self.config.precompute_reference and self.reference_cache is None:
+      self.precompute_reference()
+
   def step(self) -> dict[str, float]:
-    """One optimizer step on the next batch of pairs (and an evaluation every `eval_every`)."""
-    batch = self.place_rows(self.train_pairs.take(self.batch_index(self.step_count)))
-    self.state, metrics = self.steps.train_step(self.state, self.rest, self.ref, batch)
+    """One optimizer step on the next batch of pairs (and an evaluation every `eval_every`).
+    With `precompute_reference`, the first step of this trainer first computes the cache and
+    logs how long it took as `time/reference_s`."""
+    self._ensure_reference_cache()
+    index = self.batch_index(self.step_count)
+    if self.reference_cache is None:
+      batch = self.place_rows(self.train_pairs.take(index))
+      self.state, metrics = self.steps.train_step(self.state, self.rest, self.ref, batch)
+    else:
+      ref_lp, batch = self.place_rows((self.reference_cache["train"][index],
+                                       self.train_pairs.take(index)))
+      self.state, metrics = self.steps.train_cached_step(self.state, self.rest, ref_lp, batch)
     metrics = _to_host(metrics)
+    if self.reference_seconds is not None and not self._reference_logged:
+      metrics["time/reference_s"] = self.reference_seconds
+      self._reference_logged = True
     c = self.config
     if c.eval_every and self.eval_pairs is not None and self.step_count % c.eval_every == 0:
       metrics.update(self.evaluate())
@@ -204,16 +277,28 @@ class DPOTrainer(RunStage):
 
   def evaluate(self, data: DPOPairs | Sequence[Any] | None = None) -> dict[str, float]:
     """`eval/loss`, `eval/<TRL metric>` (`METRICS`) and `eval/pairs` over every pair of `data`
-    (default: the held-out split): the per-pair means (over every process's rows)."""
+    (default: the held-out split, with `precompute_reference` against the cached reference
+    log-probs): the per-pair means (over every process's rows)."""
+    if data is None:
+      self._ensure_reference_cache()
     pairs = self.eval_pairs if data is None else self.encode(data, "data")
     if pairs is None:
       raise ValueError("No held-out split: pass eval_data to DPOTrainer or data here, or set "
                        "DPOConfig.eval_fraction > 0.")
+    cached = None if data is not None or self.reference_cache is None else (
+        self.reference_cache["eval"])
+    if cached is None:
+      self._require_reference()
     size = min(self.config.eval_batch_size, pairs.num_pairs)
     sums: dict[str, float] = {}
     for index, weight in eval_chunks(pairs.num_pairs, size):
-      rows = self.place_rows((pairs.take(index), weight))
-      out = _to_host(self.steps.eval_sums(self.state.params, self.rest, self.ref, *rows))
+      if cached is None:
+        rows = self.place_rows((pairs.take(index), weight))
+        out = self.steps.eval_sums(self.state.params, self.rest, self.ref, *rows)
+      else:
+        rows = self.place_rows((cached[index], pairs.take(index), weight))
+        out = self.steps.eval_cached_sums(self.state.params, self.rest, *rows)
+      out = _to_host(out)
       sums = {k: sums.get(k, 0.0) + v for k, v in out.items()}
     n = sums["pairs"]
     out = {f"eval/{k}": sums[k] / n for k in ("loss", *METRICS)}

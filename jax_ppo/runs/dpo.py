@@ -158,7 +158,9 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
     "export_dir" (None until complete), "adapter_dir" (the PEFT adapter folder once written,
     with `export_adapter_dir`), "cut_records" (records cut to max_length),
     "train/loss", "rewards/accuracies", "rewards/margins" (the last step's, when a step ran),
-    and "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins" with a held-out split}`.
+    "eval/loss", "eval/rewards/accuracies", "eval/rewards/margins" with a held-out split, and
+    "time/reference_s" (seconds spent computing the reference's log-probs) with
+    `dpo.precompute_reference`}`.
   """
   config = resolve_model_paths(config)  # a Hub id -> its cached snapshot folder
   enable_compilation_cache(config.compilation_cache_dir)  # before anything compiles
@@ -176,6 +178,8 @@ def run_dpo(config: DPORunConfig) -> dict[str, Any]:
       logger.info("DPO policy written to %s.", config.export_path)
       summary["adapter_dir"] = write_adapter(
           config, trainer.model(), base_model=config.model_path, tokenizer=trainer.tokenizer)
+    if trainer.reference_seconds is not None:
+      summary["time/reference_s"] = trainer.reference_seconds
     return summary
   finally:
     trainer.close()

@@ -91,9 +91,10 @@ def test_dpo_from_a_chat_preference_file_with_lora(assets, tmp_path, capsys):
   export = tmp_path / "out"
   assert main(["dpo", f"model_path={assets['chat_model']}", f"train_path={path}",
                f"run_dir={tmp_path / 'run'}", f"export_dir={export}", "lora.rank=2",
-               *DPO]) == 0
+               "dpo.precompute_reference=true", *DPO]) == 0
   summary, _ = _summary(capsys)
   assert summary["complete"] and summary["export_dir"] == str(export)
+  assert summary["time/reference_s"] > 0  # the base's log-probs were computed once
   assert summary["train/loss"] < np.log(2)  # the second step sees the first's progress
   _check_export(export, assets["chat_model"])
 

@@ -1,10 +1,11 @@
 """DPO training on one device and on a (data, fsdp, tensor) mesh from the same pairs.
 
-Usage: `sharded_step.py DATA FSDP TENSOR` (the device count is their product). Trains two
-`DPOTrainer`s built alike (gradient accumulation 2) for 2 steps, one with `mesh=None` and one on
-the mesh, then evaluates with both. Prints JSON with the largest parameter and optimizer-state
-differences, both runs' metrics, the evaluations and whether the parameters (and the reference)
-are really split.
+Usage: `sharded_step.py DATA FSDP TENSOR [PRECOMPUTE]` (the device count is their product).
+Trains two `DPOTrainer`s built alike (gradient accumulation 2) for 2 steps, one with `mesh=None`
+and one on the mesh (with PRECOMPUTE=1: `precompute_reference=True` on the mesh, the reference
+on the fly on one device), then evaluates with both. Prints JSON with the largest parameter and
+optimizer-state differences, both runs' metrics, the evaluations and whether the parameters (and
+the reference) are really split.
 """
 
 import faulthandler
@@ -34,8 +35,9 @@ def records(n: int, seed: int) -> list[dict]:
   return [{"prompt": ids(2, 6), "chosen": ids(1, 6), "rejected": ids(1, 6)} for _ in range(n)]
 
 
-def trainer(mesh):
+def trainer(mesh, precompute: bool = False):
   config = DPOConfig(
+      precompute_reference=precompute,
       batch_size=8, gradient_accumulation_steps=2, total_steps=2, max_length=16,
       eos_token_id=EOS, eval_batch_size=8, beta=0.5,
       # adam_eps = 1 keeps Adam's steps proportional to the gradient, so the parameters show any
@@ -51,11 +53,12 @@ def max_abs_diff(a, b) -> float:
   return max(jax.tree.leaves(diffs), default=0.0)
 
 
-def main(data: int, fsdp: int, tensor: int) -> None:
+def main(data: int, fsdp: int, tensor: int, precompute: int = 0) -> None:
   faulthandler.dump_traceback_later(600, exit=True)
   mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor))
-  single, sharded = trainer(None), trainer(mesh)
+  single, sharded = trainer(None), trainer(mesh, bool(precompute))
   history1, history8 = single.train(), sharded.train()
+  reference_s = history8[0].pop("time/reference_s", None)
   eval1, eval8 = single.evaluate(), sharded.evaluate()
   leaves = jax.tree.leaves(sharded.state.params)
   print(json.dumps({
@@ -66,7 +69,9 @@ def main(data: int, fsdp: int, tensor: int) -> None:
       "ref_specs": sorted({str(x.sharding.spec) for x in jax.tree.leaves(sharded.ref)}),
       "max_param_diff": max_abs_diff(single.state.params, sharded.state.params),
       "max_opt_diff": max_abs_diff(single.state.opt_state, sharded.state.opt_state),
-      "max_ref_diff": max_abs_diff(single.ref, sharded.ref),
+      "max_ref_diff": None if sharded.reference_freed else max_abs_diff(single.ref, sharded.ref),
+      "reference_freed": sharded.reference_freed,
+      "reference_s": reference_s,
       "history": [list(history1), list(history8)],
       "eval": [eval1, eval8],
       "steps": [single.step_count, sharded.step_count],
@@ -74,4 +79,4 @@ def main(data: int, fsdp: int, tensor: int) -> None:
 
 
 if __name__ == "__main__":
-  main(*map(int, sys.argv[1:4]))
+  main(*map(int, sys.argv[1:5]))
