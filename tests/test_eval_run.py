@@ -64,14 +64,20 @@ def test_best_of_n_is_at_least_the_mean(n, prompts, data):
 
 
 class _FakeWandb(types.ModuleType):
-  """A stand-in `wandb` module recording `init`, `log` and `finish` (no network)."""
+  """A stand-in `wandb` module recording `init`, `define_metric`, `log` and `finish` (no
+  network)."""
 
   def __init__(self):
     super().__init__("wandb")
-    self.inits, self.logged, self.finished = [], [], 0
+    self.inits, self.defined, self.logged, self.finished = [], [], [], 0
     module = self
 
     class Run:
+      id = "fake-run"
+
+      def define_metric(self, name, **kwargs):
+        module.defined.append((name, kwargs))
+
       def log(self, data, step=None):
         module.logged.append((step, dict(data)))
 
@@ -128,8 +134,10 @@ def test_wandb_is_switched_on_from_the_run_config(trained):
   init = fake.inits[0]
   assert init["project"] == "test-project" and init["dir"] == str(run_dir)
   assert init["config"]["run"]["wandb"] is True and init["config"]["run_dir"] == str(run_dir)
-  steps = [step for step, _ in fake.logged]
-  assert steps == [1]
+  # the step is a metric, W&B's x-axis of every other one (so a resume's repeated steps are kept)
+  assert fake.defined == [("step", {}), ("*", {"step_metric": "step"})]
+  assert [(step, data["step"]) for step, data in fake.logged] == [(None, 1)]
+  assert (run_dir / "wandb_run_id").read_text() == "fake-run\n"
   assert fake.logged[0][1]["objective/kl"] == pytest.approx(history[0]["objective/kl"])
 
 
@@ -138,7 +146,11 @@ def test_plots_are_written_at_the_end_of_train(trained):
   pytest.importorskip("matplotlib")
   run_dir = trained[0]
   names = sorted(p.name for p in (run_dir / "plots").iterdir())
-  assert names == ["entropy.png", "kl.png", "response_length.png", "reward.png"]
+  # PPO's panels with data (jax_ppo.logging.plots.PANELS["ppo"]: KL and entropy per response and
+  # per token apart) and the overview of them all
+  assert {"overview.png", "reward.png", "kl_per_response.png", "kl_per_token.png",
+          "entropy_per_token.png", "entropy_per_response.png", "response_length.png",
+          "policy_loss.png", "learning_rate.png"} <= set(names)
   for name in names:
     assert (run_dir / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
