@@ -32,17 +32,26 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from jax_ppo.ppo.eval_metrics import best_of_n, distinct_n, repetition_rate
 from jax_ppo.rewards.scorers import CombinedScorer
 
-if TYPE_CHECKING:
-  from jax_ppo.ppo.trainer import PPOTrainer
-
 logger = logging.getLogger(__name__)
+
+
+class Evaluated(Protocol):
+  """What an evaluation needs of its trainer (a `jax_ppo.ppo.trainer.PPOTrainer`, which holds the
+  evaluation hook: this module does not import it): the reward it scores with (`scorer`, swapped
+  for the evaluation's while it runs) and `evaluate_with_samples`."""
+
+  scorer: Any
+
+  def evaluate_with_samples(self, prompts: Sequence[Sequence[int]], *,
+                            temperature: float | None = None,
+                            seed: int = 0) -> tuple[dict[str, float], list[dict[str, Any]]]: ...
 
 
 def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
@@ -64,7 +73,7 @@ def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
 
 
 @contextlib.contextmanager
-def _raw_scores(trainer: PPOTrainer) -> Iterator[dict[str, list[float]]]:
+def _raw_scores(trainer: Evaluated) -> Iterator[dict[str, list[float]]]:
   """While open, each source's raw scores of a combined reward (`CombinedScorer.last_raw`)
   collected chunk by chunk into the yielded dict (`name -> scores`, in sample order); the
   trainer's scorer is restored on exit. Empty for any other reward."""
@@ -88,7 +97,7 @@ def _raw_scores(trainer: PPOTrainer) -> Iterator[dict[str, list[float]]]:
 
 
 def evaluate_prompts(
-    trainer: PPOTrainer,
+    trainer: Evaluated,
     prompts: Sequence[Sequence[int]],
     *,
     n: int = 1,
@@ -176,7 +185,7 @@ class HeldOutEvalHook:
   name = "held_out_eval"
   """The key of its (empty) state in a checkpoint's extra (`LoopHook.name`)."""
 
-  def __init__(self, trainer: PPOTrainer, evaluation: HeldOutEval, *, last_step: int):
+  def __init__(self, trainer: Evaluated, evaluation: HeldOutEval, *, last_step: int):
     if not isinstance(evaluation, HeldOutEval):
       raise ValueError(f"PPOTrainer(evaluation=...) takes a jax_ppo.ppo.evaluation.HeldOutEval, "
                        f"got {type(evaluation).__name__}.")
@@ -214,4 +223,4 @@ class HeldOutEvalHook:
     del state
 
 
-__all__ = ["HeldOutEval", "HeldOutEvalHook", "check_eval_sampling", "evaluate_prompts"]
+__all__ = ["Evaluated", "HeldOutEval", "HeldOutEvalHook", "check_eval_sampling", "evaluate_prompts"]
