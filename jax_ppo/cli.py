@@ -2,7 +2,7 @@
 
     jax-ppo train CONFIG [key=value ...]      # train, or resume the run in run_dir
     jax-ppo eval --run-dir DIR --prompts FILE [--greedy | --temperature T [--n N]] [--out FILE]
-    jax-ppo export --run-dir DIR --out PATH
+    jax-ppo export --run-dir DIR --out PATH [--adapter]
     jax-ppo plot RUN_DIR                      # PNG plots of metrics.jsonl into RUN_DIR/plots
     jax-ppo sft CONFIG [key=value ...]        # SFT stage (jax_ppo.runs.sft)
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
   export.add_argument("--step", type=int, help="checkpoint step (default: the latest)")
   export.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                       help="dtype of the written weights (default: as trained)")
+  export.add_argument("--adapter", action="store_true",
+                      help="write the policy's LoRA adapters as a PEFT adapter folder (loadable by "
+                           "peft.PeftModel.from_pretrained on the starting policy) instead of the "
+                           "merged model; the run must have trained LoRA")
   plan = commands.add_parser(
       "plan", help="compile a run's programs for a TPU slice on this host: per-chip HBM, fit, "
                    "roofline time",
@@ -340,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
       initialize()  # as eval: every process of a multi-host job gathers, process 0 writes
       dtype = common.DTYPES[args.dtype] if args.dtype else None
-      path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype)
+      path, step = run.export_run(args.run_dir, args.out, step=args.step, dtype=dtype,
+                                  adapter=args.adapter)
       print(json.dumps({"step": step, "out": str(path)}))
   except (ValueError, OSError, CheckpointError, SafetensorError) as e:
     # Errors in the inputs (config, prompts, folders, checkpoints): one line, no traceback. A

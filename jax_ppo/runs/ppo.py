@@ -61,7 +61,12 @@ from jax_ppo.runs.context import prompt_token_budget
 from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
 from jax_ppo.runs.run_folders import check_run_folder_stage
-from jax_ppo.training.export import check_export_target
+from jax_ppo.training.export import (
+  ADAPTER_MARKER,
+  MODEL_MARKER,
+  check_export_target,
+  export_adapter,
+)
 
 logger = logging.getLogger("jax_ppo.run")
 
@@ -462,27 +467,46 @@ def evaluate_run(
 
 
 def export_run(
-    run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None
+    run_dir: str | os.PathLike, out: str | os.PathLike, *, step: int | None = None, dtype=None,
+    adapter: bool = False,
 ) -> tuple[pathlib.Path, int]:
-  """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder.
+  """Writes a checkpoint's policy (LoRA merged, no value head) and tokenizer as a HF folder; with
+  `adapter`, the policy's LoRA adapters and the tokenizer as a PEFT adapter folder instead
+  (`jax_ppo.training.export.export_adapter`, loadable by `peft.PeftModel.from_pretrained` on the
+  run's starting policy).
 
-  The export is atomic and replaces an earlier export at `out` (`jax_ppo.training.export`);
-  `out` that is, contains or lies inside a path the run read (its policy, reward or value model,
-  prompts), or that is or contains `run_dir`, is refused before anything loads
-  (`jax_ppo.runs.paths`), as is a non-empty `out` folder that holds no model. Several processes:
-  every process calls it; process 0 writes (`PPOTrainer.export`).
+  The export is atomic and replaces an earlier export of its kind at `out`
+  (`jax_ppo.training.export`); `out` that is, contains or lies inside a path the run read (its
+  policy, reward or value model, prompts), or that is or contains `run_dir`, is refused before
+  anything loads (`jax_ppo.runs.paths`), as is a non-empty `out` folder that holds no model (no
+  adapter). With `adapter`, a run without LoRA is refused before anything loads, and one whose
+  vocabulary grew (`resize_embeddings`) once the policy is built. Several processes: every
+  process calls it; process 0 writes (`PPOTrainer.export`).
 
   Returns:
     `(folder, step)`.
   """
   check_run_folder_stage(run_dir, "ppo", field="--run-dir", verb="jax-ppo export")
   config = resolve_model_paths(saved_run_config(run_dir))
+  if adapter and config.lora is None:
+    raise ValueError(f"--adapter: the run in {str(run_dir)!r} trained no LoRA adapters "
+                     "(RunConfig.lora is null); export the merged model without --adapter.")
   check_run_paths(inputs=config.read_paths(), run_dirs=[("--run-dir", run_dir)],
                   exports=[("--out", out)])
-  check_export_target(out, field="--out")
+  check_export_target(out, field="--out", marker=ADAPTER_MARKER if adapter else MODEL_MARKER)
   trainer = _bare_trainer(config)
   step = trainer.load_checkpoint(run_dir, step=step)
-  return trainer.export(out, dtype=dtype), step
+  if not adapter:
+    return trainer.export(out, dtype=dtype), step
+  policy, base = trainer.policy_model(), load_config(config.policy_path).vocab_size
+  if policy.config.vocab_size != base:
+    raise ValueError(
+        f"--adapter: the run grew the vocabulary of RunConfig.policy_path={config.policy_path!r} "
+        f"from {base} to {policy.config.vocab_size} ids (resize_embeddings), and a PEFT adapter "
+        "holds only the LoRA matrices, not the new embedding rows; export the merged model "
+        "without --adapter.")
+  return export_adapter(policy, out, base_model=config.policy_path, tokenizer=trainer.tokenizer,
+                        dtype=dtype, field="--out"), step
 
 
 __all__ = [

@@ -1,5 +1,6 @@
 """`export_adapter_dir`: `jax-ppo sft` and `jax-ppo train` with LoRA write the adapters as a PEFT
-adapter folder that `peft` loads on the starting model with the merged export's logits; a run
+adapter folder that `peft` loads on the starting model with the merged export's logits, and
+`jax-ppo export --adapter` writes the same from a checkpoint; a run
 without LoRA, a reward-model run, a grown vocabulary and an adapter folder on the model export are
 one clear error before any weights load (or before training)."""
 
@@ -79,9 +80,34 @@ def test_ppo_train_with_lora_writes_the_peft_adapter(assets, tmp_path, capsys):
           "run.tensorboard=false"]
   assert main(argv) == 0, capsys.readouterr().err
   capsys.readouterr()
-  merged = tmp_path / "merged"
+  merged, exported = tmp_path / "merged", tmp_path / "exported"
   assert main(["export", "--run-dir", str(run_dir), "--out", str(merged)]) == 0
   _check_adapter(adapter, assets["model"], merged)
+  # `jax-ppo export --adapter` writes the same adapters from the run's checkpoint
+  assert main(["export", "--run-dir", str(run_dir), "--out", str(exported), "--adapter"]) == 0
+  assert json.loads(capsys.readouterr().out.splitlines()[-1])["out"] == str(exported)
+  _check_adapter(exported, assets["model"], merged)
+  from safetensors.numpy import load_file
+
+  ours, theirs = (load_file(str(f / ADAPTER_WEIGHTS)) for f in (exported, adapter))
+  assert ours.keys() == theirs.keys()
+  for name, value in ours.items():
+    np.testing.assert_array_equal(value, theirs[name], err_msg=name)
+
+
+def test_export_adapter_of_a_run_without_lora_is_refused(assets, tmp_path, capsys):
+  from jax_ppo.config_io import save_config
+  from jax_ppo.runs.ppo_config import RunConfig
+
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  save_config(RunConfig(policy_path=assets["model"], prompts_path=assets["prompts"],
+                        run_dir=str(run_dir), reward_function="length"), run_dir)
+  assert main(["export", "--run-dir", str(run_dir), "--out", str(tmp_path / "a"),
+               "--adapter"]) == 2
+  err = capsys.readouterr().err
+  assert "--adapter: the run in" in err and "trained no LoRA adapters" in err, err
+  assert not (tmp_path / "a").exists()
 
 
 def test_refusals_name_the_field_before_any_weights_load(assets, tmp_path, capsys, no_weights):
