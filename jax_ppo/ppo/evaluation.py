@@ -72,6 +72,18 @@ def check_eval_sampling(n: Any, temperature: float | None, *, n_field: str,
                      f"responses; give {temperature_field} (e.g. 1.0).")
 
 
+def check_eval_settings(*, every: Any, seed: Any, n: Any, temperature: float | None,
+                        prefix: str) -> None:
+  """The schedule and sampling of an evaluation during training: `every` and `seed` ints >= 0,
+  and `check_eval_sampling(n, temperature)`; one ValueError naming `prefix + field` (e.g.
+  "HeldOutEval.every", "RunConfig.eval_every")."""
+  for field, value in (("every", every), ("seed", seed)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise ValueError(f"{prefix}{field}={value!r} is invalid: use an int >= 0.")
+  check_eval_sampling(n, temperature, n_field=f"{prefix}n",
+                      temperature_field=f"{prefix}temperature")
+
+
 @contextlib.contextmanager
 def _raw_scores(trainer: Evaluated) -> Iterator[dict[str, list[float]]]:
   """While open, each source's raw scores of a combined reward (`CombinedScorer.last_raw`)
@@ -160,12 +172,8 @@ class HeldOutEval:
   def __post_init__(self):
     if len(self.prompts) == 0:
       raise ValueError("HeldOutEval.prompts is empty: give at least one held-out prompt.")
-    for field in ("every", "seed"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"HeldOutEval.{field}={value!r} is invalid: use an int >= 0.")
-    check_eval_sampling(self.n, self.temperature, n_field="HeldOutEval.n",
-                        temperature_field="HeldOutEval.temperature")
+    check_eval_settings(every=self.every, seed=self.seed, n=self.n,
+                        temperature=self.temperature, prefix="HeldOutEval.")
 
   def due(self, step: int, last_step: int) -> bool:
     """Whether the update that made the step count `step` is evaluated."""
@@ -223,4 +231,11 @@ class HeldOutEvalHook:
     del state
 
 
-__all__ = ["Evaluated", "HeldOutEval", "HeldOutEvalHook", "check_eval_sampling", "evaluate_prompts"]
+__all__ = [
+    "Evaluated",
+    "HeldOutEval",
+    "HeldOutEvalHook",
+    "check_eval_sampling",
+    "check_eval_settings",
+    "evaluate_prompts",
+]

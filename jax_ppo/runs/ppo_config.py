@@ -24,7 +24,7 @@ from jax_ppo.config_io import (
 from jax_ppo.models import DEFAULT_REMAT, REMAT_POLICIES
 from jax_ppo.parallel.placement import PlacementConfig
 from jax_ppo.ppo.config import PPOConfig
-from jax_ppo.ppo.evaluation import check_eval_sampling
+from jax_ppo.ppo.evaluation import check_eval_settings
 from jax_ppo.ppo.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
 from jax_ppo.rewards.specs import (
@@ -210,12 +210,8 @@ class RunConfig(BaseRunConfig):
     if self.eval_path is not None and (not isinstance(self.eval_path, str) or not self.eval_path):
       raise ValueError(f"RunConfig.eval_path={self.eval_path!r} is invalid: give a held-out "
                        "prompts file (as prompts_path), or null for no evaluation.")
-    for field in ("eval_every", "eval_seed"):
-      value = getattr(self, field)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"RunConfig.{field}={value!r} is invalid: use an int >= 0.")
-    check_eval_sampling(self.eval_n, self.eval_temperature, n_field="RunConfig.eval_n",
-                        temperature_field="RunConfig.eval_temperature")
+    check_eval_settings(every=self.eval_every, seed=self.eval_seed, n=self.eval_n,
+                        temperature=self.eval_temperature, prefix="RunConfig.eval_")
     if self.eval_path is None:
       defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in EVAL_FIELDS}
       for field in EVAL_FIELDS[1:]:
