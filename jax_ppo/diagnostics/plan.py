@@ -31,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jax.sharding import Mesh
 
-from jax_ppo.diagnostics.topology import PlanError
+from jax_ppo.diagnostics.advice import advise
+from jax_ppo.diagnostics.topology import PlanError, slice_mesh
 from jax_ppo.models import ModelConfig
 from jax_ppo.parallel.chips import Chip, chip_for, roofline_seconds
 from jax_ppo.parallel.mesh import AXES
@@ -268,13 +269,36 @@ def program_peaks(programs: Mapping[str, Program], *, topology: str) -> dict[str
   return peaks
 
 
-def plan_or_advise(make_plan: Callable[[], Plan], advised: Callable[[], Sequence[Any]], *,
-                   advice: bool) -> Plan:
-  """`make_plan()`, with `advised()` (the `jax_ppo.diagnostics.advice.Advice`s of the run) in
-  the plan when the run does not fit, or in the `DoesNotFit` error when XLA refuses a program for
-  want of HBM; `advice=False`: `make_plan()` alone."""
+def shape_peaks(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: str, *,
+                devices: list) -> dict[str, int]:
+  """Per-chip peak bytes of each program of the run `shape` on the slice, compiled as the run
+  compiles them, without costs (`program_peaks`). `programs_of(shape, mesh)` builds the run's
+  programs over the slice's mesh (`ppo_plan.RunPrograms`, `stage_plan.StagePrograms`: an object
+  with `programs()` and `resident_bytes`)."""
+  mesh = slice_mesh(devices, shape.mesh, topology=topology)
+  return program_peaks(programs_of(shape, mesh).programs(), topology=topology)
+
+
+def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: str, *,
+                  devices: list, costs: Callable[[Any, Mesh], Mapping[str, Cost]],
+                  advice: bool) -> Plan:
+  """The plan of the run `shape` on the slice: its programs (`programs_of(shape, mesh)`, as in
+  `shape_peaks`) compiled and reported per chip (`compile_plan`), with `costs(programs, mesh)`,
+  their loop-corrected costs, once every program has compiled. With `advice`, when the run does
+  not fit, the changes that make it fit (`jax_ppo.diagnostics.advice.advise`, re-planning each
+  candidate's memory with `shape_peaks`) go into the plan, or into the `DoesNotFit` error when
+  XLA refuses a program for want of HBM."""
+  mesh = slice_mesh(devices, shape.mesh, topology=topology)
+  run = programs_of(shape, mesh)
+
+  def advised():
+    return advise(shape, chips=len(devices), hbm_bytes=plan_chip(devices, topology).hbm_bytes,
+                  peaks_of=lambda s: shape_peaks(programs_of, s, topology, devices=devices))
+
   try:
-    plan = make_plan()
+    plan = compile_plan(run.programs(), lambda: costs(run, mesh), topology=topology,
+                        devices=devices, mesh=mesh, dtype=shape.dtype,
+                        resident_bytes=run.resident_bytes)
   except DoesNotFit as e:
     if not advice:
       raise
@@ -347,8 +371,9 @@ __all__ = [
     "format_plan",
     "peak_bytes",
     "plan_chip",
-    "plan_or_advise",
+    "plan_programs",
     "program_peaks",
+    "shape_peaks",
     "with_layers",
     "xla_cost",
 ]

@@ -42,23 +42,21 @@ from flax import nnx
 from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
-from jax_ppo.diagnostics.advice import Knobs, advise
+from jax_ppo.diagnostics.advice import Knobs
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
   Plan,
   Program,
-  compile_plan,
   compile_program,
   grouped_depth_costs,
-  plan_chip,
-  plan_or_advise,
-  program_peaks,
+  plan_programs,
+  shape_peaks,
   with_layers,
   xla_cost,
 )
 from jax_ppo.diagnostics.shapes import plan_model_config
-from jax_ppo.diagnostics.topology import PlanError, slice_mesh, tpu_devices
+from jax_ppo.diagnostics.topology import PlanError, tpu_devices
 from jax_ppo.models import (
   DEFAULT_REMAT,
   CausalLM,
@@ -470,9 +468,8 @@ def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost
 
 def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, int]:
   """Per-chip peak bytes of each program of `shape` on the slice, compiled as the run compiles
-  them, without costs (`jax_ppo.diagnostics.plan.program_peaks`)."""
-  mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  return program_peaks(RunPrograms(shape, mesh).programs(), topology=topology)
+  them, without costs (`jax_ppo.diagnostics.plan.shape_peaks`)."""
+  return shape_peaks(RunPrograms, shape, topology, devices=devices)
 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
@@ -491,20 +488,13 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
       a program that does not compile (naming it and the topology).
   """
   devices = tpu_devices(topology) if devices is None else devices
-  mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  run = RunPrograms(shape, mesh)
-  costs = lambda: loop_corrected(layer_costs(shape, mesh, topology=topology),  # noqa: E731
-                                 shape.ppo, max_new_tokens=run.sampling.max_new_tokens)
-  hbm = plan_chip(devices, topology).hbm_bytes
 
-  def advised():
-    return advise(shape, chips=len(devices), hbm_bytes=hbm,
-                  peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
+  def costs(run: RunPrograms, mesh: Mesh) -> dict[str, Cost]:
+    return loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
+                          max_new_tokens=run.sampling.max_new_tokens)
 
-  return plan_or_advise(
-      lambda: compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
-                           dtype=shape.dtype, resident_bytes=run.resident_bytes),
-      advised, advice=advice)
+  return plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
+                       advice=advice)
 
 
 __all__ = [

@@ -43,21 +43,19 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from jax_ppo.diagnostics.advice import Knobs, advise
+from jax_ppo.diagnostics.advice import Knobs
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
   Plan,
   Program,
-  compile_plan,
   depth_costs,
-  plan_chip,
-  plan_or_advise,
-  program_peaks,
+  plan_programs,
+  shape_peaks,
   with_layers,
 )
 from jax_ppo.diagnostics.shapes import SHAPE_PREFIX, plan_model_config
-from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices
+from jax_ppo.diagnostics.topology import tpu_devices
 from jax_ppo.models import (
   DEFAULT_REMAT,
   CausalLM,
@@ -273,9 +271,8 @@ def layer_costs(shape: StageShape, mesh: Mesh, *, topology: str) -> dict[str, Co
 
 def memory_peaks(shape: StageShape, topology: str, *, devices: list) -> dict[str, int]:
   """Per-chip peak bytes of each program of `shape` on the slice, compiled as the run compiles
-  them, without costs (`jax_ppo.diagnostics.plan.program_peaks`)."""
-  mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  return program_peaks(StagePrograms(shape, mesh).programs(), topology=topology)
+  them, without costs (`jax_ppo.diagnostics.plan.shape_peaks`)."""
+  return shape_peaks(StagePrograms, shape, topology, devices=devices)
 
 
 def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None,
@@ -295,20 +292,13 @@ def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None,
       a program that does not compile (naming it and the topology).
   """
   devices = tpu_devices(topology) if devices is None else devices
-  mesh = slice_mesh(devices, shape.mesh, topology=topology)
-  run = StagePrograms(shape, mesh)
-  costs = lambda: loop_corrected(  # noqa: E731  (after every program fits)
-      layer_costs(shape, mesh, topology=topology),
-      accumulation_steps=shape.config.gradient_accumulation_steps)
 
-  def advised():
-    return advise(shape, chips=len(devices), hbm_bytes=plan_chip(devices, topology).hbm_bytes,
-                  peaks_of=lambda s: memory_peaks(s, topology, devices=devices))
+  def costs(run: StagePrograms, mesh: Mesh) -> dict[str, Cost]:
+    return loop_corrected(layer_costs(shape, mesh, topology=topology),
+                          accumulation_steps=shape.config.gradient_accumulation_steps)
 
-  return plan_or_advise(
-      lambda: compile_plan(run.programs(), costs, topology=topology, devices=devices, mesh=mesh,
-                           dtype=shape.dtype, resident_bytes=run.resident_bytes),
-      advised, advice=advice)
+  return plan_programs(StagePrograms, shape, topology, devices=devices, costs=costs,
+                       advice=advice)
 
 
 __all__ = [
