@@ -26,7 +26,7 @@ full `max_new_tokens`).
     pip install -e ".[tpu]"        # in a virtual environment of its own
     python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
         [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e] [--out DIR] [--table]
-        [--compile-cache DIR] [--memory-only]
+        [--compile-cache DIR] [--memory-only] [--skip-existing]
 """
 
 from __future__ import annotations
@@ -161,6 +161,9 @@ def main(argv=None) -> int:
   parser.add_argument("--memory-only", action="store_true",
                       help="the fitting slice and its memory only (no cost variants, no roofline "
                            "time: the cost compiles take most of the time)")
+  parser.add_argument("--skip-existing", action="store_true",
+                      help="keep the cells whose JSON is already in --out (a run stopped part "
+                           "way resumes where it stopped)")
   parser.add_argument("--table", action="store_true",
                       help="print the table from the JSON in --out (no compile)")
   args = parser.parse_args(argv)
@@ -171,6 +174,8 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
+          if args.skip_existing and (args.out / f"{model}_{run}_{generation}.json").exists():
+            continue
           start = time.perf_counter()
           record = plan_cell(model, run, generation, args.out, costs=not args.memory_only)
           found = record["topology"] or "none"
