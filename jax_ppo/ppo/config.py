@@ -27,6 +27,8 @@ POLICY_LOSSES = tuple(POLICY_LOSS_FNS)
 """The policy losses: the keys of `jax_ppo.ppo.policy_losses.POLICY_LOSS_FNS`."""
 KL_CONTROLLERS = ("fixed", "adaptive", "multiplicative")
 GRPO_SCALES = ("group", "batch", "none")
+DYNAMIC_SAMPLING_METRICS = ("raw_score", "score")
+"""What `PPOConfig.dynamic_sampling` compares within a group: raw or processed scores."""
 
 
 OPTIMIZER_FIELDS = ("learning_rate", "lr_schedule", "warmup_steps", "adam_eps", "adam_b1",
@@ -139,6 +141,26 @@ class PPOConfig:
   disables it."""
   overlong_penalty: float = 1.0
   """The penalty at `sampling.max_new_tokens` of the overlong shaping (DAPO: 1.0)."""
+
+  # --- DAPO dynamic sampling (docs/rlhf_details.md item 24) ---
+  dynamic_sampling: bool = False
+  """DAPO's dynamic sampling (`jax_ppo.ppo.dynamic_sampling`): prompt groups whose `n_samples`
+  scores are all equal (zero group advantage) are dropped and further prompt batches are drawn,
+  sampled and scored until `prompts_per_update` groups with differing scores fill the batch;
+  each draw consumes one batch of the prompt order. Needs a group advantage
+  (`advantage_mode` "grpo" or "rloo") and one process. Logged: `train/num_gen_batches` (draws),
+  `dynamic_sampling/dropped_fraction` (constant groups over groups drawn) and
+  `dynamic_sampling/filled_groups`."""
+  dynamic_sampling_max_draws: int = 10
+  """Most prompt batches drawn per update with `dynamic_sampling` (verl's `max_num_gen_batches`,
+  10 in its DAPO recipes). When they hold fewer varied groups than the batch needs, the constant
+  groups drawn fill the rest (advantage 0: they change no policy gradient) instead of stopping
+  the run as verl does, counted in `dynamic_sampling/filled_groups`."""
+  dynamic_sampling_metric: str = "raw_score"
+  """Which score a group must vary in to be kept: "raw_score" (the reward source's output, e.g.
+  an exact-match accuracy, as DAPO filters on accuracy) or "score" (after `reward_scale` /
+  `reward_shift` / `reward_clip`, the length, overlong and missing-EOS penalties: the score the
+  advantages see)."""
 
   # --- rewards (items 8, 16) ---
   reward_scale: float = 1.0
@@ -282,6 +304,7 @@ class PPOConfig:
         ("grpo_scale", GRPO_SCALES),
         ("policy_loss", POLICY_LOSSES),
         ("rollout_correction_mode", CORRECTION_MODES),
+        ("dynamic_sampling_metric", DYNAMIC_SAMPLING_METRICS),
     ):
       if getattr(self, field) not in choices:
         bad(field, f"choose one of {choices}")
@@ -297,6 +320,14 @@ class PPOConfig:
       )
     if self.advantage_mode in GROUP_MODES and self.n_samples < 2:
       bad("n_samples", f"advantage_mode={self.advantage_mode!r} needs n_samples >= 2")
+    if not isinstance(self.dynamic_sampling, bool):
+      bad("dynamic_sampling", "use True or False")
+    positive_int("dynamic_sampling_max_draws")
+    if self.dynamic_sampling and self.advantage_mode not in GROUP_MODES:
+      bad("dynamic_sampling", f"it drops prompt groups whose scores are all equal, which carry "
+                              f"no signal only under a group advantage, not under "
+                              f"advantage_mode={self.advantage_mode!r}: use advantage_mode "
+                              f"'grpo' or 'rloo' with n_samples >= 2, or dynamic_sampling=False")
     if not isinstance(self.sampling, PPOSampling):
       bad("sampling", "pass a PPOSampling (jax_ppo.ppo.config)")
     if not 0 <= self.gamma <= 1:

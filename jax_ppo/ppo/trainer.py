@@ -24,7 +24,9 @@ Resuming: constructing a trainer on a `run_dir` that holds checkpoints restores 
 `TrainState`, data position and monitor state, and truncates the logs after that step, so running
 the same program again continues the run. The rollout key of update `n` is
 `fold_in(PRNGKey(seed + 1), n)` and the prompt order depends only on the data position, so a
-resumed run reproduces the uninterrupted one exactly. The replay buffer
+resumed run reproduces the uninterrupted one exactly (with `PPOConfig.dynamic_sampling`, draw `d`
+of an update reads batch `data_position + d` with `dynamic_sampling.draw_key(key, d)`, and the
+data position advances by the draws taken). The replay buffer
 (`PPOConfig.replay_buffer_size`: its batches, which may have different prompt lengths, through
 `RunCheckpointer`'s `arrays`) and the state of its random generator are saved with every
 checkpoint, so runs that replay resume exactly too.
@@ -73,8 +75,8 @@ from jax_ppo.models.transformer import layer_loop
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import multi_process, require_mesh
 from jax_ppo.parallel.placement import Placement
-from jax_ppo.ppo import perf, prompt_shards
-from jax_ppo.ppo.batch import Batch
+from jax_ppo.ppo import dynamic_sampling, perf, prompt_shards
+from jax_ppo.ppo.batch import Batch, process_scores
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.evaluation import HeldOutEval, HeldOutEvalHook
 from jax_ppo.ppo.monitor import MonitorConfig, StabilityMonitor
@@ -191,6 +193,12 @@ class PPOTrainer(RunStage):
       placement: Placement | None = None,
   ):
     self.config = c = config
+    if c.dynamic_sampling and multi_process():
+      raise ValueError(
+          f"PPOConfig.dynamic_sampling=True is not supported with several processes (this is "
+          f"process {jax.process_index()} of {jax.process_count()}): the kept prompt groups "
+          "would have to move between the processes' rows; set dynamic_sampling=False or train "
+          "in one process.")
     self.placement = resolve_placement(mesh, placement)
     mesh = None if self.placement is None else self.placement.policy
     require_mesh(mesh, config_field="RunConfig.mesh", trainer="PPOTrainer")
@@ -402,18 +410,32 @@ class PPOTrainer(RunStage):
     c = self.config
     t_start = time.perf_counter()
     key = jax.random.fold_in(self._rollout_key, self.step_count)
-    if multi_process():  # each process reads, pads and places only its own rows
-      rollout, texts = prompt_shards.sample_local_prompts(
-          self.sampler, self.dataset, self.data_position, c.prompts_per_update, key,
-          state=self.policy_state())
-    else:
-      prompt_ids, texts = self.dataset.batch(self.data_position, c.prompts_per_update)
-      rollout = self.sampler(prompt_ids, key, state=self.policy_state())
-    jax.block_until_ready(rollout.response_ids)
-    t_rollout = time.perf_counter()
-
-    raw_scores = score(self.placement, self.scorer, rollout, self.frozen.reward)
+    draws, varied, t_sampling = [], [], 0.0
+    for d in range(c.dynamic_sampling_max_draws if c.dynamic_sampling else 1):
+      t_draw = time.perf_counter()
+      position, draw_key = self.data_position + d, dynamic_sampling.draw_key(key, d)
+      if multi_process():  # each process reads, pads and places only its own rows
+        rollout, texts = prompt_shards.sample_local_prompts(
+            self.sampler, self.dataset, position, c.prompts_per_update, draw_key,
+            state=self.policy_state())
+      else:
+        prompt_ids, texts = self.dataset.batch(position, c.prompts_per_update)
+        rollout = self.sampler(prompt_ids, draw_key, state=self.policy_state())
+      jax.block_until_ready(rollout.response_ids)
+      t_sampling += time.perf_counter() - t_draw
+      raw_scores = score(self.placement, self.scorer, rollout, self.frozen.reward)
+      draws.append((rollout, raw_scores, texts))
+      if c.dynamic_sampling:  # DAPO: draw until the batch holds enough groups that vary
+        metric = raw_scores if c.dynamic_sampling_metric == "raw_score" else process_scores(
+            c, raw_scores, rollout)
+        varied.append(dynamic_sampling.varied_groups(np.asarray(metric), c.n_samples))
+        if sum(int(v.sum()) for v in varied) >= c.prompts_per_update:
+          break
+    sampling_metrics = {}
+    if c.dynamic_sampling:
+      rollout, raw_scores, texts, sampling_metrics = self._assemble(draws, varied)
     jax.block_until_ready(raw_scores)
+    t_rollout = t_start + t_sampling
     t_score = time.perf_counter()
     if self.run.stop_requested:  # preempted: nothing has changed yet, leave the rest undone
       raise StepAbandoned
@@ -439,8 +461,9 @@ class PPOTrainer(RunStage):
     metrics = _to_host({**exp_metrics, **upd_metrics})
     if isinstance(self.scorer, CombinedScorer):  # each source's raw score, `reward/<name>`
       metrics.update(self.scorer.metrics())
+    metrics.update(sampling_metrics)
     t_end = time.perf_counter()
-    self.data_position += 1
+    self.data_position += len(draws)
 
     prompt_len = int(rollout.prompt_ids.shape[1])
     tokens = c.batch_size * (prompt_len + c.sampling.max_new_tokens)
@@ -472,6 +495,25 @@ class PPOTrainer(RunStage):
     self.last_scores = raw_scores if host_rows.is_global(raw_scores) else np.asarray(raw_scores)
     self.last_prompt_texts = texts
     return metrics
+
+  def _assemble(self, draws: list, varied: list) -> tuple[Rollout, Any, list | None, dict]:
+    """Dynamic sampling: the batch's rollout, raw scores and prompt texts from the draws'
+    `(rollout, raw scores, texts)` and varied groups, placed as the first draw's (so the
+    compiled programs see the signature they always do), and its metrics."""
+    n = self.config.n_samples
+    selection = dynamic_sampling.select_groups(varied, self.config.prompts_per_update)
+    rollout = dynamic_sampling.assemble_rollout(
+        [r for r, _, _ in draws], selection, n_samples=n,
+        pad_token_id=self.config.sampling.pad_token_id)
+    scores = dynamic_sampling.assemble_rows([np.asarray(s) for _, s, _ in draws], selection, n)
+    first_rollout, first_scores, _ = draws[0]
+
+    def place(x, like):
+      return jax.device_put(x, like.sharding) if isinstance(like, jax.Array) else x
+
+    return (jax.tree.map(place, rollout, first_rollout), place(scores, first_scores),
+            dynamic_sampling.assemble_texts([t for _, _, t in draws], selection),
+            dynamic_sampling.sampling_metrics(varied, selection))
 
   def train(
       self, num_updates: int | None = None, *, callback: Callable[[dict], Any] | None = None
