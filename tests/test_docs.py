@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CORE_API = DOCS / "core_api.md"
 DETAILS_DOC = DOCS / "rlhf_details.md"
-N_ITEMS = 24
+N_ITEMS = 25
 NOT_TESTED = "**Not yet tested:**"
 
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")

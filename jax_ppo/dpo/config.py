@@ -3,7 +3,8 @@
 `DPOConfig.optimizer` is the training kit's `OptimizerConfig` (`jax_ppo.training.optim`) at
 DPO's defaults (`DPOOptimizer`: AdamW at 1e-6, decayed linearly to 0, eps 1e-8: TRL's
 `DPOConfig` defaults). The loss is `jax_ppo.core.dpo_loss` with `beta`, `loss_type` and
-`label_smoothing`.
+`label_smoothing`. Online DPO (`jax_ppo.dpo.online`) also reads `n_samples` and `sampling`
+(`DPOSampling`: the compiled sampler's `SamplingParams` at TRL's `OnlineDPOConfig` defaults).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from typing import ClassVar
 
 from jax_ppo.core.preference import DPO_LOSS_TYPES
+from jax_ppo.rollout.config import SamplingParams
 from jax_ppo.training.optim import OptimizerConfig, check_stage_fields, is_int
 
 
@@ -28,6 +30,21 @@ class DPOOptimizer(OptimizerConfig):
   """AdamW's epsilon (PyTorch's default)."""
 
   LR_HINT: ClassVar[str] = "about 1e-6 to 5e-7 for a full DPO fine-tune"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPOSampling(SamplingParams):
+  """How online DPO samples its responses: `SamplingParams` at TRL's `OnlineDPOConfig` defaults
+  (64 new tokens, temperature 0.9). The sampler's pad id is `DPOConfig.pad_token_id`, else the
+  tokenizer's, else `pad_token_id` here; empty `stop_token_ids` stop at `DPOConfig.eos_token_id`,
+  the tokenizer's and the model's EOS ids (`jax_ppo.dpo.online.sampler_ids`)."""
+
+  max_new_tokens: int = 64
+  """Response length limit `T`; rows that reach it without a stop token are truncated."""
+  temperature: float = 0.9
+  """Sampling temperature (the DPO loss reads the model's own distribution, temperature 1)."""
+
+  OWNER: ClassVar[str | None] = "DPOConfig.sampling"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,9 +77,17 @@ class DPOConfig:
   eval_fraction: float = 0.0
   """Share of the training pairs held out for evaluation when no eval data is given."""
 
+  # --- online DPO (`OnlineDPOTrainer`, `DPORunConfig.prompts_path`) ---
+  n_samples: int = 2
+  """Online DPO: responses sampled per prompt, >= 2; the best scored is the chosen response, the
+  worst the rejected one (TRL samples 2). Pairs whose scores all tie train nothing."""
+  sampling: DPOSampling = dataclasses.field(default_factory=DPOSampling)
+  """Online DPO: how the responses are sampled (`dpo.sampling.max_new_tokens=...`)."""
+
   # --- schedule ---
   batch_size: int = 8
-  """Preference pairs per optimizer step (each a chosen and a rejected row)."""
+  """Preference pairs per optimizer step (each a chosen and a rejected row); online DPO: prompts
+  per step (each gives one pair)."""
   gradient_accumulation_steps: int = 1
   """Microbatches per optimizer step (gradients summed; the loss is the mean over the step's
   pairs); must divide `batch_size`."""
@@ -126,6 +151,11 @@ class DPOConfig:
         bad(field, "give the record's field name as a non-empty string")
     if not (number(self.eval_fraction) and 0 <= self.eval_fraction < 1):
       bad("eval_fraction", "use a value in [0, 1) (e.g. 0.05), or pass eval data")
+    if not is_int(self.n_samples) or self.n_samples < 2:
+      bad("n_samples", "use an int >= 2 (online DPO pairs the best and the worst of a prompt's "
+                       "samples; TRL uses 2)")
+    if not isinstance(self.sampling, DPOSampling):
+      bad("sampling", "give a mapping of DPOSampling fields (max_new_tokens, temperature, ...)")
 
 
-__all__ = ["DPOConfig", "DPOOptimizer"]
+__all__ = ["DPOConfig", "DPOOptimizer", "DPOSampling"]

@@ -98,6 +98,11 @@ class DPOSteps:
   - `reference_logps(params, rest, ref, pairs) -> reference [B, 2]`: the reference's alone
     (replicated on a mesh, so every process can read all of it): the log-probs that
     `DPOConfig.precompute_reference` caches.
+  - `train_weighted_step(state, rest, ref, pairs, weight) -> (state, metrics)`: `train_step`
+    on the `weight [B]`-weighted mean of the per-pair losses (online DPO: weight 0 masks a tied
+    pair out of the loss and the metrics); the metrics are weighted means too, plus
+    `objective/kl`, the unweighted mean over all `2B` responses of the sequence log-ratio
+    `log pi - log pi_ref` (TRL's online-DPO KL estimate).
   - `train_cached_step(state, rest, ref_logps, pairs)` and
     `eval_cached_sums(params, rest, ref_logps, pairs, weight)`: `train_step` and `eval_sums` with
     the reference's `[B, 2]` float32 log-probs of the pairs given (`reference_logps`'s) instead
@@ -131,6 +136,7 @@ class DPOSteps:
     if mesh is None:
       self.train_step = jax.jit(self.train_impl, donate_argnums=0)
       self.train_cached_step = jax.jit(self.train_cached_impl, donate_argnums=0)
+      self.train_weighted_step = jax.jit(self.train_weighted_impl, donate_argnums=0)
       self.eval_sums = jax.jit(self.eval_impl)
       self.eval_cached_sums = jax.jit(self.eval_cached_impl)
       self.logps = jax.jit(self.logps_impl)
@@ -141,6 +147,9 @@ class DPOSteps:
                                 out_roles=("params", "replicated"), donate_argnums=(0,))
       self.train_cached_step = MeshJit(
           self.train_cached_impl, mesh, in_roles=("params", "params", "batch", "batch"),
+          out_roles=("params", "replicated"), donate_argnums=(0,))
+      self.train_weighted_step = MeshJit(
+          self.train_weighted_impl, mesh, in_roles=(*frozen, "batch", "batch"),
           out_roles=("params", "replicated"), donate_argnums=(0,))
       self.eval_sums = MeshJit(self.eval_impl, mesh, in_roles=(*frozen, "batch", "batch"),
                                out_roles="replicated")
@@ -222,6 +231,29 @@ class DPOSteps:
     (uncompiled; `train_cached_step` compiles it)."""
     return self.optimizer_step(state, lambda p, b: self.cached_loss(p, rest, *b),
                                (ref_logps, pairs))
+
+  def train_weighted_impl(self, state: StageState, rest: nnx.State, ref: nnx.State,
+                          pairs: DPOPairs, weight: Array) -> tuple[StageState, dict[str, Array]]:
+    r"""One optimizer step on the weighted mean :math:`\sum_i w_i \ell_i / \sum_i w_i` of the
+    per-pair losses of `pairs` `[B, S]` (uncompiled; `train_weighted_step` compiles it).
+
+    The weights are rescaled to `w_i B / sum(w)` (all 0 when `sum(w) = 0`: a zero loss, no
+    gradient) before the microbatches split them, so the mean of the microbatches' means of
+    `w_i l_i` is the batch's weighted mean whatever rows each microbatch holds.
+    """
+    w = weight.astype(jnp.float32)
+    total = jnp.sum(w)
+    w = jnp.where(total > 0, w * (w.shape[0] / jnp.where(total > 0, total, 1.0)), 0.0)
+
+    def loss_fn(params, batch):
+      pairs_b, w_b = batch
+      pi, ref_lp = self.pair_logps(params, rest, ref, pairs_b)
+      loss, metrics = jax.vmap(lambda p, r: self.pair_loss(p[None], r[None]))(pi, ref_lp)
+      out = {key: jnp.mean(w_b * v) for key, v in metrics.items()}
+      out["objective/kl"] = jnp.mean(jax.lax.stop_gradient(pi - ref_lp))
+      return jnp.mean(w_b * loss), out
+
+    return self.optimizer_step(state, loss_fn, (pairs, w))
 
   def optimizer_step(self, state: StageState, loss_fn, batch) -> tuple[StageState,
                                                                         dict[str, Array]]:

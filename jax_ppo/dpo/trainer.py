@@ -70,6 +70,28 @@ def _to_host(metrics: dict[str, Any]) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def reference_params(params: nnx.State, reference: nnx.Module | None, *, lora: bool,
+                     scan_layers: bool | None) -> Any:
+  """The frozen reference's parameters for `DPOSteps`: an empty dict for a LoRA policy (its
+  reference is its base weights), a copy of the policy's starting `params` without a
+  `reference`, else the reference module's parameters (`split_trainable`).
+
+  Raises:
+    ValueError: the reference's parameters differ in structure or shape from `params`.
+  """
+  if lora:
+    return {}
+  if reference is None:  # a frozen copy of the starting weights
+    return jax.tree.map(jnp.copy, params)
+  _, ref, _ = split_trainable(reference, scan_layers=scan_layers)
+  if jax.tree.structure(ref) != jax.tree.structure(params) or any(
+      a.shape != b.shape for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(params),
+                                         strict=True)):
+    raise ValueError("The reference model's parameters differ in structure or shape from "
+                     "the policy's; give a reference of the same architecture and size.")
+  return ref
+
+
 class DPOTrainer(RunStage):
   """Trains a causal LM with DPO on preference pairs, evaluates and exports it.
 
@@ -152,17 +174,8 @@ class DPOTrainer(RunStage):
                        f"it exceeds the run's {self.total_steps} optimizer steps; lower it or "
                        "train longer.")
     graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
-    if self.lora:
-      self.ref: Any = {}
-    elif reference is None:  # a frozen copy of the starting weights
-      self.ref = jax.tree.map(jnp.copy, params)
-    else:
-      _, self.ref, _ = split_trainable(reference, scan_layers=c.train_scan_layers)
-      if jax.tree.structure(self.ref) != jax.tree.structure(params) or any(
-          a.shape != b.shape for a, b in zip(jax.tree.leaves(self.ref), jax.tree.leaves(params),
-                                             strict=True)):
-        raise ValueError("The reference model's parameters differ in structure or shape from "
-                         "the policy's; give a reference of the same architecture and size.")
+    self.ref: Any = reference_params(params, reference, lora=self.lora,
+                                     scan_layers=c.train_scan_layers)
     self.optimizer, self.schedule = make_optimizer(c.optimizer, self.total_steps)
     self.reference_cache: dict[str, np.ndarray] | None = None
     self.reference_seconds: float | None = None
@@ -319,4 +332,4 @@ class DPOTrainer(RunStage):
                              max_shard_size=max_shard_size)
 
 
-__all__ = ["METRICS", "DPOTrainer"]
+__all__ = ["METRICS", "DPOTrainer", "reference_params"]

@@ -304,7 +304,10 @@ class StageRunConfig(BaseRunConfig):
   def __post_init__(self):
     super().__post_init__()
     name = type(self).__name__
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
     for field in ("model_path", "train_path"):
+      if getattr(self, field) is None and defaults[field] is None:
+        continue  # (a stage whose records are optional: DPO reads prompts instead)
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         raise ValueError(f"{name}.{field}={getattr(self, field)!r} is invalid: give a path.")
     for field in ("eval_path", "export_dir"):

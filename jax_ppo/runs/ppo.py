@@ -44,11 +44,7 @@ from jax_ppo.parallel.placement import make_placement
 from jax_ppo.ppo.evaluation import HeldOutEval, check_eval_sampling, evaluate_prompts
 from jax_ppo.ppo.presets import check_against_guide
 from jax_ppo.ppo.trainer import PPOTrainer
-from jax_ppo.rewards.scorers import CombinedScorer, RewardModelScorer
-from jax_ppo.rewards.specs import (
-  reward_function,
-  reward_source_names,
-)
+from jax_ppo.rewards.specs import reward_source_names
 from jax_ppo.runs.common import (
   DTYPES,
   check_adapter_vocab,
@@ -61,6 +57,7 @@ from jax_ppo.runs.context import prompt_token_budget
 from jax_ppo.runs.paths import check_run_paths
 from jax_ppo.runs.ppo_config import RunConfig, saved_run_config
 from jax_ppo.runs.run_folders import check_run_folder_stage
+from jax_ppo.runs.scoring import build_scorer, check_reward_models
 from jax_ppo.training.export import (
   ADAPTER_MARKER,
   MODEL_MARKER,
@@ -118,11 +115,6 @@ def load_prompts(
       too_long_fix=too_long_fix, configurable_fields=False, lazy=lazy)
 
 
-def _has_tokenizer(path: str) -> bool:
-  return any(os.path.exists(os.path.join(path, f))
-             for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json"))
-
-
 def _check_folder(field: str, path: str | None) -> None:
   if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
     raise FileNotFoundError(
@@ -149,16 +141,7 @@ def check_scalar_heads(config: RunConfig, *, critic: bool = True) -> None:
     FileNotFoundError: a reward model path that is not a model folder (no config.json).
     ValueError: one line naming the field, the path and the fix.
   """
-  models = [("reward_model_path", config.reward_model_path)]
-  models += [(f"rewards[{i}].model_path", r.model_path) for i, r in enumerate(config.rewards)]
-  for field, path in models:
-    _check_folder(field, path)
-    if path is not None and not has_score_head(path):
-      raise ValueError(
-          f"RunConfig.{field}={path!r} is a causal-LM checkpoint without a score head (its "
-          "safetensors hold no score.weight): PPO would train against the random scores of a "
-          "new head; give a reward model (the export_dir of `jax-ppo reward`, or a one-label "
-          "*ForSequenceClassification folder).")
+  check_reward_models(config, stage="PPO")
   path = config.value_model_path
   if (critic and config.ppo.uses_critic and path is not None and not config.value_model_new_head
       and not has_score_head(path)):
@@ -180,24 +163,6 @@ def policy_tokenizer(config: RunConfig) -> Any:
 
 
 # ---- building and running ------------------------------------------------------------------------
-
-
-def _reward_model_scorer(config: RunConfig, path: str, tokenizer: Any,
-                         dtype: Any, mesh: Any = None) -> tuple[Any, RewardModelScorer]:
-  """Loads the reward model in `path` (and its tokenizer, when it has one) and its scorer;
-  with a `mesh` its weights are read straight into their shards."""
-  reward_model = load_scalar_model(path, dtype=dtype, param_dtype=jnp.float32, mesh=mesh)
-  # Its padding only fills masked slots: it may lack a pad token (then id 0 pads).
-  reward_tokenizer = (load_tokenizer(path, add_pad_token=config.resize_embeddings,
-                                     require_pad=False)
-                      if _has_tokenizer(path) else None)
-  reward_vocab = len(reward_tokenizer if reward_tokenizer is not None else tokenizer)
-  grow_vocab(reward_model, reward_vocab, resize=config.resize_embeddings, what="reward model")
-  scorer = RewardModelScorer(reward_model, policy_tokenizer=tokenizer,
-                             reward_tokenizer=reward_tokenizer,
-                             max_length=reward_model.config.max_position_embeddings)
-  check_vocab_covers(reward_tokenizer if scorer.retokenize else tokenizer, reward_model.config)
-  return reward_model, scorer
 
 
 def build_trainer(
@@ -284,25 +249,8 @@ def build_trainer(
       config.ppo.sampling, pad_token_id=tokenizer.pad_token_id, stop_token_ids=tuple(stop_ids)))
 
   value_model = None
-  first_model = None  # (reward model, scorer) of the first reward model: the critic's start
-  if config.reward_model_path is not None:
-    first_model = _reward_model_scorer(config, config.reward_model_path, tokenizer, dtype,
-                                       reward_mesh)
-    scorer = first_model[1]
-  elif config.reward_function is not None:
-    scorer = reward_function(config.reward_function, tokenizer)
-  else:
-    sources = []
-    for name, source in zip(reward_source_names(config.rewards), config.rewards, strict=True):
-      if source.model_path is not None:
-        _check_folder(f"rewards[{len(sources)}].model_path", source.model_path)
-        pair = _reward_model_scorer(config, source.model_path, tokenizer, dtype, reward_mesh)
-        first_model = first_model or pair
-        sub = pair[1]
-      else:
-        sub = reward_function(source.function, tokenizer)
-      sources.append((name, sub, source.weight))
-    scorer = CombinedScorer(sources)
+  # (first_model: the (reward model, scorer) of the first reward model, the critic's start)
+  scorer, first_model = build_scorer(config, tokenizer, dtype=dtype, mesh=reward_mesh)
   if first_model is not None and ppo.uses_critic and config.value_model_path is None:
     reward_model, rm_scorer = first_model
     if rm_scorer.retokenize:

@@ -27,15 +27,10 @@ from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.evaluation import check_eval_settings
 from jax_ppo.ppo.monitor import MonitorConfig
 from jax_ppo.ppo.presets import PRESETS, preset_overrides
-from jax_ppo.rewards.specs import (
-  MODULE_REWARD,
-  REWARD_FUNCTIONS,
-  RewardSource,
-  parse_reward_function,
-  reward_source_names,
-)
+from jax_ppo.rewards.specs import RewardSource
 from jax_ppo.runs.common import PPO_RUN_FIELDS, BaseRunConfig, PPORunFolder
 from jax_ppo.runs.paths import PathField, check_run_paths
+from jax_ppo.runs.scoring import check_reward_source
 
 EVAL_FIELDS = ("eval_path", "eval_every", "eval_n", "eval_temperature", "eval_seed")
 """`RunConfig` fields of the evaluation on held-out prompts during training."""
@@ -158,22 +153,7 @@ class RunConfig(BaseRunConfig):
     for field in ("policy_path", "prompts_path"):
       if not isinstance(getattr(self, field), str) or not getattr(self, field):
         bad(field, "give a path")
-    given = [self.reward_model_path is not None, self.reward_function is not None,
-             bool(self.rewards)]
-    if sum(given) != 1:
-      raise ValueError(
-          "RunConfig needs exactly one reward source: reward_model_path (a Hugging Face "
-          "SequenceClassification folder), reward_function (one of "
-          f"{', '.join(REWARD_FUNCTIONS)}, or {MODULE_REWARD}), or rewards (a list of "
-          "{function or model_path, weight} sources); got "
-          f"reward_model_path={self.reward_model_path!r}, reward_function={self.reward_function!r}"
-          f", rewards={list(self.rewards)!r}."
-      )
-    if not all(isinstance(r, RewardSource) for r in self.rewards):
-      bad("rewards", "give a list of {function or model_path, weight, name} mappings")
-    reward_source_names(self.rewards)
-    if self.reward_function is not None:
-      parse_reward_function(self.reward_function)
+    check_reward_source(self)
     if self.reference_path is not None:
       if not isinstance(self.reference_path, str) or not self.reference_path:
         bad("reference_path", "give a Hugging Face model folder, or null for the policy's "

@@ -172,15 +172,23 @@ def _stage_defaults(stage: str) -> dict[str, Any]:
   fill = [f"{key}={PLACEHOLDERS[key].format(stage=stage)}" for key in required_fields(cls)]
   if stage == "ppo":
     fill.append("reward_function=placeholder.module:score")
+  if stage == "dpo":  # (offline: train_path; online: prompts_path and a reward)
+    fill.append(f"train_path={PLACEHOLDERS['train_path'].format(stage=stage)}")
   data = config_to_dict(STAGE_LOADERS[stage](fill))
   for key in required_fields(cls):
     data[key] = None
   if stage == "ppo":
     data["reward_function"] = None
+  if stage == "dpo":
+    data["train_path"] = None
   return data
 
 
 def _reward_note(stage: str) -> str:
+  if stage == "dpo":
+    return ("; and exactly one of `train_path` (offline DPO) and `prompts_path` (online DPO, "
+            "with exactly one reward source, `reward_model_path`, `reward_function` or "
+            "`rewards`)")
   if stage != "ppo":
     return ""
   return ("; and exactly one reward source, `reward_model_path`, `reward_function` or "

@@ -144,11 +144,13 @@ def config_template(verb: str, overrides: Sequence[str] = ()) -> str:
 
 def _stage_data(stage: str, overrides: Sequence[str]) -> tuple[dict[str, Any], tuple[str, ...]]:
   """The plain config of `stage` loaded by its own loader from `overrides` (placeholders for
-  the required fields they leave out, and for the reward source of a PPO run), and the required
-  fields that hold a placeholder."""
+  the required fields they leave out, for the reward source of a PPO run and for a DPO run's
+  data, `train_path`), and the required fields that hold a placeholder."""
   cls = STAGE_CONFIGS[stage]
   given = {parse_override(o)[0].split(".")[0] for o in overrides}
   missing = tuple(k for k in required_fields(cls) if k not in given)
+  if stage == "dpo" and not given & {"train_path", "prompts_path"}:
+    missing += ("train_path",)  # (or prompts_path and a reward: online DPO)
   fill = [f"{k}={_placeholder(k, stage)}" for k in missing]
   reward = stage == "ppo" and not _reward_given(overrides)
   if reward:  # only the syntax of a module reward is checked: nothing is imported
