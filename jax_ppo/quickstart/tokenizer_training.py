@@ -17,7 +17,8 @@ PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 
 
-def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, min_frequency: int = 2):
+def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, min_frequency: int = 2,
+                        split_digits: bool = False):
   """A byte-level BPE `PreTrainedTokenizerFast` trained on `texts`.
 
   Args:
@@ -25,6 +26,8 @@ def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, min_freq
     vocab_size: target vocabulary size, special tokens and the 256 byte symbols included (the
       trainer stops early when no pair is frequent enough).
     min_frequency: least count of a pair to be merged.
+    split_digits: every digit its own token (no merge joins digits), as arithmetic wants: "1234"
+      is four tokens, and a number's tokens do not depend on its neighbours.
 
   Returns:
     The tokenizer: pad/bos/eos ids 0/1/2, left padding, BOS prepended when
@@ -41,7 +44,10 @@ def train_bpe_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, min_freq
         f"{len(alphabet) + len(SPECIAL_TOKENS)}."
     )
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                byte_level])
+                       if split_digits else byte_level)
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),

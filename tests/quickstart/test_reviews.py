@@ -112,3 +112,20 @@ def test_corruptions_score_below_a_positive_review():
   assert R.corrupt(text, np.random.default_rng(1)) == R.corrupt(text, np.random.default_rng(1))
   with pytest.raises(ValueError, match="unknown kind 'x'"):
     R.corrupt(text, rng, "x")
+
+
+def test_split_digits_gives_every_digit_its_own_token(tmp_path):
+  texts = ["Q: What is 37 + 48?\nA: 37 + 48 = 85. Answer: 85"] * 50 + ["1234 5678 9900"] * 50
+  merged = train_bpe_tokenizer(texts, vocab_size=300)
+  split = train_bpe_tokenizer(texts, vocab_size=300, split_digits=True)
+  text = "What is 1234 + 85? Answer: 1319"
+  tokens = split.convert_ids_to_tokens(split(text, add_special_tokens=False)["input_ids"])
+  digits = [t.lstrip("\u0120") for t in tokens if any(c.isdigit() for c in t)]
+  assert digits == list("1234" "85" "1319")  # one token per digit, none joined to another
+  assert split.decode(split(text)["input_ids"], skip_special_tokens=True) == text
+  assert any(sum(c.isdigit() for c in t) > 1
+             for t in merged.convert_ids_to_tokens(merged("1234")["input_ids"]))
+  split.save_pretrained(tmp_path)
+  from transformers import AutoTokenizer
+
+  assert AutoTokenizer.from_pretrained(tmp_path)(text)["input_ids"] == split(text)["input_ids"]

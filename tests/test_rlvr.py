@@ -1,0 +1,95 @@
+"""experiments/rlvr.py: every algorithm's config is a valid run config, the table, the CLI's
+errors, and a shortened end-to-end run of every algorithm."""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load():
+  spec = importlib.util.spec_from_file_location("rlvr", ROOT / "experiments" / "rlvr.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["rlvr"] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
+
+
+rlvr = _load()
+
+
+class _Tok:
+  eos_token_id, pad_token_id = 2, 0
+
+
+@pytest.mark.parametrize("algorithm", list(rlvr.ALGORITHMS))
+def test_every_algorithm_is_a_valid_run_config(algorithm, tmp_path):
+  from jax_ppo.config_io import config_from_dict
+  from jax_ppo.runs.ppo_config import RunConfig
+
+  values = rlvr.rl_config(rlvr.RLVRConfig(), algorithm, tmp_path, tmp_path / "sft", _Tok())
+  config = config_from_dict(RunConfig, values)
+  ppo = config.ppo
+  assert config.reward_function == "arithmetic_exact_match"
+  assert ppo.batch_size == rlvr.RLVRConfig().prompts_per_update * rlvr.RLVRConfig().n_samples
+  expected = {"grpo": ("grpo", "ppo", "token-mean"), "dapo": ("grpo", "ppo", "token-mean"),
+              "gspo": ("grpo", "gspo", "seq-mean-token-mean"),
+              "cispo": ("grpo", "cispo", "token-mean"),
+              "dr_grpo": ("grpo", "ppo", "token-sum-norm"), "ppo": ("gae", "ppo", "token-mean")}
+  assert (ppo.advantage_mode, ppo.policy_loss, ppo.loss_reduction) == expected[algorithm]
+  assert ppo.dynamic_sampling == (algorithm == "dapo")
+  assert (ppo.overlong_cache_length is not None) == (algorithm == "dapo")
+  assert (ppo.grpo_scale == "none") == (algorithm == "dr_grpo")
+  assert ppo.n_samples == (1 if algorithm == "ppo" else rlvr.RLVRConfig().n_samples)
+
+
+def test_online_dpo_is_a_valid_dpo_run_config(tmp_path):
+  from jax_ppo.config_io import config_from_dict
+  from jax_ppo.runs.dpo import DPORunConfig
+
+  cfg = rlvr.RLVRConfig()
+  config = config_from_dict(DPORunConfig, rlvr.online_dpo_config(cfg, tmp_path, tmp_path / "sft",
+                                                                 _Tok()))
+  assert config.prompts_path.endswith("train.jsonl") and config.train_path is None
+  assert config.dpo.n_samples == 2
+  # as many responses per step as the PPO-stage algorithms sample per update
+  assert config.dpo.batch_size * 2 == cfg.prompts_per_update * cfg.n_samples
+
+
+def test_table_has_a_row_per_algorithm():
+  summary = {"sft": {"accuracy": 0.5, "train_accuracy": 0.6, "response_length": 12.0},
+             "algorithms": {"grpo": {"accuracy": 0.625, "train_accuracy": 0.75, "kl": 0.5,
+                                     "response_length": 11.5, "wall_s": 30.0},
+                            "ppo": {"accuracy": 0.5, "train_accuracy": 0.6, "kl": None,
+                                    "response_length": 12.0, "wall_s": 40.0}}}
+  lines = rlvr.table(summary).splitlines()
+  assert len(lines) == 5
+  assert lines[2].startswith("| SFT model (start) | 0.500 | 0.600 | - | 12.0 | - |")
+  assert lines[3] == "| grpo | 0.625 | 0.750 | 0.500 | 11.5 | 30 |"
+  assert lines[4] == "| ppo | 0.500 | 0.600 | - | 12.0 | 40 |"
+
+
+def test_unknown_algorithm_is_refused(capsys):
+  with pytest.raises(SystemExit):
+    rlvr.main(["--algorithms", "grpo,trpo"])
+  assert "unknown ['trpo']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_short_run_of_every_algorithm_writes_the_summary(tmp_path):
+  """The SFT model and every algorithm for two updates, at CI sizes (`smoke`)."""
+  cfg = rlvr.smoke(sft_steps=30, updates=2)
+  summary = rlvr.run(cfg, tmp_path, rlvr.STAGES, progress=False)
+  assert list(summary["algorithms"]) == list(rlvr.STAGES)
+  for name, record in summary["algorithms"].items():
+    assert 0.0 <= record["accuracy"] <= 1.0 and 0.0 <= record["train_accuracy"] <= 1.0, name
+    assert record["kl"] is not None, name
+    assert (tmp_path / name / "hf" / "config.json").exists(), name
+  assert json.loads((tmp_path / "summary.json").read_text())["sft"] == summary["sft"]
+  # a second run reuses every stage
+  again = rlvr.run(cfg, tmp_path, ["grpo"], progress=False)
+  assert again["algorithms"]["grpo"]["wall_s"] == summary["algorithms"]["grpo"]["wall_s"]
