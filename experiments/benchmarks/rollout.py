@@ -108,6 +108,9 @@ def main(argv=None) -> dict:
                   help="dtype the weights are stored in: float32 is what a PPO run samples "
                        "from (its master weights); bfloat16 halves the weight bytes each decode "
                        "step reads")
+  ap.add_argument("--decode-segments", type=int, default=None,
+                  help="the sampler's length-bucketed decode loops K (default: SamplingConfig's; "
+                       "1: one loop reading the whole cache at every step)")
   ap.add_argument("--json", default=None, help="write the results here")
   ap.add_argument("--no-hf", action="store_true",
                   help="skip the Hugging Face generate reference (e.g. on an accelerator)")
@@ -141,6 +144,7 @@ def main(argv=None) -> dict:
         max_new_tokens=args.new_tokens, temperature=0.7, top_k=0, top_p=1.0,
         stop_token_ids=(), pad_token_id=shape["vocab_size"] - 1,
         prompt_buckets=(args.prompt_len,), batch_buckets=(args.batch,),
+        **({} if args.decode_segments is None else {"decode_segments": args.decode_segments}),
     )
     sampler = Sampler(model, sampling)
     key = jax.random.PRNGKey(0)
@@ -207,7 +211,7 @@ def main(argv=None) -> dict:
       "config": dict(
           shape=args.shape, **shape, batch=args.batch, prompt_len=args.prompt_len,
           new_tokens=args.new_tokens, warmup=args.warmup, reps=args.reps, dtype=args.dtype,
-          param_dtype=args.param_dtype,
+          param_dtype=args.param_dtype, decode_segments=sampling.decode_segments,
           sampling="temperature=0.7, top_k=0, top_p=1.0, no stop token",
           backend=jax.default_backend(), jax=jax.__version__,
       ),

@@ -15,14 +15,15 @@ models:
 * `replay_update` when the run replays batches.
 
 Memory, fit and roofline as in `jax_ppo.diagnostics.plan`. The loops other than the layers are
-counted back from their bodies compiled alone (`decode_step`:
-`jax_ppo.rollout.sampler.decode_body` as the loop runs it, its weights in the compute dtype and
-its cache in the loop's layout, unrolled at full depth (`layer_costs`); `microbatch_grad`: one
-microbatch's `value_and_grad`; `optimizer_step`: one guarded AdamW step), with
-`T = sampling.max_new_tokens`, `E = ppo_epochs`, `M = num_minibatches`,
-`A = gradient_accumulation_steps`:
+counted back from their bodies compiled alone (`decode_step_k`: the step of the sampler's k-th
+decode loop, `jax_ppo.rollout.sampler.decode_body` as that loop runs it, attending over its
+segment's cache prefix, its weights in the compute dtype and its cache in the loop's layout,
+unrolled at full depth (`layer_costs`); `microbatch_grad`: one microbatch's `value_and_grad`;
+`optimizer_step`: one guarded AdamW step), with `T = sampling.max_new_tokens`, `n_k` the steps of
+decode loop `k` (`jax_ppo.rollout.sampler.segment_schedule`: `sum n_k = T - 1`),
+`E = ppo_epochs`, `M = num_minibatches`, `A = gradient_accumulation_steps`:
 
-    generate          = XLA + (T - 2) decode_step      (prefill, then T - 1 decode steps)
+    generate          = XLA + sum_k (n_k - 1) decode_step_k   (prefill, then T - 1 decode steps)
     update            = XLA + (E M A - 1) microbatch_grad + (E M - 1) optimizer_step
     experience_update = XLA + (E - 2) (microbatch_grad + optimizer_step)        (E >= 2)
 
@@ -77,7 +78,14 @@ from jax_ppo.ppo.state import FrozenParams, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rollout.batching import bucket_for
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import DecodeCarry, Rollout, decode_body, generate
+from jax_ppo.rollout.sampler import (
+  DecodeCarry,
+  DecodeSegment,
+  Rollout,
+  decode_body,
+  generate,
+  segment_schedule,
+)
 from jax_ppo.runs.common import DTYPES, resolve_model_paths
 from jax_ppo.runs.ppo_config import RunConfig
 from jax_ppo.training.optim import make_optimizer
@@ -167,15 +175,35 @@ def sampling_config(ppo: PPOConfig) -> SamplingConfig:
                                     batch_buckets=(ppo.prompts_per_update,))
 
 
+def decode_segments(ppo: PPOConfig, *, prompt_length: int, max_new_tokens: int | None = None
+                    ) -> tuple[DecodeSegment, ...]:
+  """The sampler's decode loops of a run (`segment_schedule` at the run's
+  `SamplingConfig.decode_segments`); `max_new_tokens` defaults to the run's."""
+  sampling = sampling_config(ppo)
+  t = sampling.max_new_tokens if max_new_tokens is None else max_new_tokens
+  return segment_schedule(prompt_length, t, sampling.decode_segments)
+
+
+def decode_piece(k: int) -> str:
+  """The name of the step of the sampler's `k`-th decode loop among a run's pieces."""
+  return f"decode_step_{k}"
+
+
+def is_piece(name: str) -> bool:
+  """A loop body compiled alone (`PIECES`, a decode loop's `decode_piece`), not a program."""
+  return name in PIECES or name.startswith("decode_step_")
+
+
 def loop_trips(ppo: PPOConfig, programs: Iterable[str], *, max_new_tokens: int
                ) -> dict[str, dict[str, int]]:
   """The trips each loop body adds to each program beyond XLA's one (module docstring):
-  `{program: {piece: trips}}`, pieces with no trips left out."""
+  `{program: {piece: trips}}`, pieces with no trips left out (a decode loop of one step)."""
   e, m, a = ppo.ppo_epochs, ppo.num_minibatches, ppo.gradient_accumulation_steps
   trips = {}
   for name in programs:
-    if name == "generate":
-      trips[name] = {"decode_step": max_new_tokens - 2}
+    if name == "generate":  # the steps of each loop do not depend on the prompt length
+      segments = decode_segments(ppo, prompt_length=0, max_new_tokens=max_new_tokens)
+      trips[name] = {decode_piece(k): seg.steps - 1 for k, seg in enumerate(segments)}
     elif name in ("update", "replay_update"):
       trips[name] = {"microbatch_grad": e * m * a - 1, "optimizer_step": e * m - 1}
     elif name == "experience_update":
@@ -188,10 +216,10 @@ def loop_trips(ppo: PPOConfig, programs: Iterable[str], *, max_new_tokens: int
 def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
                    ) -> dict[str, Cost]:
   """The programs' costs with every loop trip counted (module docstring), from the XLA costs
-  `xla` of the programs and of the loop bodies compiled alone (`decode_step`,
+  `xla` of the programs and of the loop bodies compiled alone (`decode_step_k`,
   `microbatch_grad`, `optimizer_step`: those with trips, `loop_trips`), all with unrolled
   layers."""
-  programs = [n for n in xla if n not in PIECES]
+  programs = [n for n in xla if not is_piece(n)]
   out = {}
   for name, trips in loop_trips(ppo, programs, max_new_tokens=max_new_tokens).items():
     cost = xla[name]
@@ -205,7 +233,8 @@ def loop_corrected(xla: dict[str, Cost], ppo: PPOConfig, *, max_new_tokens: int
 
 
 PIECES = ("decode_step", "microbatch_grad", "optimizer_step")
-"""The loop bodies compiled alone to count their trips back (`RunPrograms.programs(pieces=...)`)."""
+"""The loop bodies compiled alone to count their trips back (`RunPrograms.programs(pieces=...)`);
+"decode_step" names the steps of all the sampler's decode loops (`decode_piece(k)`)."""
 
 
 def model_depths(shape: RunShape) -> dict[str, int]:
@@ -326,7 +355,8 @@ class RunPrograms:
 
   def programs(self, *, pieces: bool | Iterable[str] = False) -> dict[str, Program]:
     """The run's programs by name, with the loop bodies (`PIECES`) that `loop_corrected` scales:
-    all of them (`pieces=True`) or those named."""
+    all of them (`pieces=True`) or those named ("decode_step": every decode loop's step,
+    `decode_step_k`; `decode_piece(k)`: loop `k`'s)."""
     c, mesh, sampling = self.ppo, self.mesh, self.sampling
     p, b, s, t = c.prompts_per_update, c.batch_size, self.prompt_length, sampling.max_new_tokens
     policy = (self.state.policy, self.frozen.policy_rest)
@@ -377,7 +407,9 @@ class RunPrograms:
                          roles["replay_update"]), (state, frozen, batch, kl))
     if pieces:
       wanted = PIECES if pieces is True else tuple(pieces)
-      out.update({k: v for k, v in self._pieces(policy, key, batch, kl).items() if k in wanted})
+      chosen = lambda k: k in wanted or (k.startswith("decode_step_")  # noqa: E731
+                                         and "decode_step" in wanted)
+      out.update({k: v for k, v in self._pieces(policy, key, batch, kl).items() if chosen(k)})
     return out
 
   def _pieces(self, policy, key, batch, kl) -> dict[str, Program]:
@@ -400,17 +432,23 @@ class RunPrograms:
     policy = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, self.dtype if matrix(x) else x.dtype, sharding=x.sharding), policy)
 
-    def decode_step(policy, carry, rng):
-      return decode_body(nnx.merge(graphdef, *policy), carry, rng=rng, config=sampling)
+    def decode_step(policy, carry, rng, *, attend_length):
+      return decode_body(nnx.merge(graphdef, *policy), carry, rng=rng, config=sampling,
+                         attend_length=attend_length)
 
     sharding = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
     auto = lambda tree: jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), tree)  # noqa: E731
-    decode_jit = jax.jit(decode_step, in_shardings=(sharding(policy), auto(carry), sharding(key)),
-                         out_shardings=auto(carry), donate_argnums=(1,))
 
-    def decode_lower(*args):
-      with rules.gather_layers(mesh):
-        return decode_jit.lower(*args)
+    def decode_lower(attend_length):
+      """Loop `k`'s step: attending over its segment's first `attend_length` cache slots."""
+      decode_jit = jax.jit(functools.partial(decode_step, attend_length=attend_length),
+                           in_shardings=(sharding(policy), auto(carry), sharding(key)),
+                           out_shardings=auto(carry), donate_argnums=(1,))
+
+      def lower(*args):
+        with rules.gather_layers(mesh):
+          return decode_jit.lower(*args)
+      return lower
 
     micro = placed_abstract(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((c.microbatch_size, *x.shape[1:]), x.dtype), batch),
@@ -424,8 +462,10 @@ class RunPrograms:
     def optimizer_step(state, grads, loss):
       return steps.updater.apply_gradients(state, grads, {"loss/total_avg": loss})
 
+    segments = segment_schedule(s, t, sampling.decode_segments)
     return {
-        "decode_step": Program(decode_lower, (policy, carry, key)),
+        **{decode_piece(k): Program(decode_lower(seg.attend_length), (policy, carry, key))
+           for k, seg in enumerate(segments)},
         "microbatch_grad": Program(
             self._mesh_jit(microbatch_grad, dict(in_roles=("params", "params", "batch",
                                                            "replicated"),
@@ -449,20 +489,22 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
 def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
   """XLA costs of the programs and of the loop bodies with trips (`loop_trips`) at every model's
   full depth: extrapolated from variants compiled with 1 and 2 unrolled layers
-  (`jax_ppo.diagnostics.plan.grouped_depth_costs`), except the decode step, compiled unrolled at
-  full depth (at 1 and 2 layers a whole KV cache fits in a TPU core's on-chip memory, where the
-  compiler keeps it: the depth difference is then not a layer's HBM traffic)."""
+  (`jax_ppo.diagnostics.plan.grouped_depth_costs`), except the decode loops' steps, each compiled
+  unrolled at full depth at its own cache prefix (at 1 and 2 layers a whole KV cache fits in a
+  TPU core's on-chip memory, where the compiler keeps it: the depth difference is then not a
+  layer's HBM traffic)."""
   names = RunPrograms(shape, mesh).programs().keys()
   trips = loop_trips(shape.ppo, names, max_new_tokens=sampling_config(shape.ppo).max_new_tokens)
   pieces = {p for t in trips.values() for p in t}
+  decode = sorted(p for p in pieces if p.startswith("decode_step_"))
   costs = grouped_depth_costs(
       lambda layers: RunPrograms(shape, mesh, layers=layers, scan_layers=False).programs(
-          pieces=pieces - {"decode_step"}),
+          pieces=pieces - set(decode)),
       model_depths(shape), topology=topology)
-  if "decode_step" in pieces:
-    step = RunPrograms(shape, mesh, scan_layers=False).programs(pieces=("decode_step",))
-    costs["decode_step"] = xla_cost(compile_program("decode_step", step["decode_step"],
-                                                    topology=topology))
+  if decode:
+    steps = RunPrograms(shape, mesh, scan_layers=False).programs(pieces=decode)
+    for name in decode:
+      costs[name] = xla_cost(compile_program(name, steps[name], topology=topology))
   return costs
 
 
@@ -500,6 +542,9 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
 __all__ = [
     "RunPrograms",
     "RunShape",
+    "decode_piece",
+    "decode_segments",
+    "is_piece",
     "layer_costs",
     "PIECES",
     "loop_corrected",

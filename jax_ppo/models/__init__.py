@@ -47,11 +47,12 @@ Generation: prefill + single-step decode with a preallocated KV cache
   prompts must be LEFT-padded (all rows end at slot S - 1); writes slots `[0, S)`, sets
   `index = S`. `logits` is `[B, V]` (next-token logits after the prompt), or `[B, S, V]` with
   `all_logits=True`. The cache's previous contents are ignored (prefill starts a sequence).
-- `decode_step(token_ids [B], cache, *, valid=None, use_lora=True) -> (logits [B, V], cache)`:
-  writes the tokens at slot `index`, attends over every valid slot, returns the next-token logits.
-  `valid` `[B]` bool: False for rows that already finished (their slot stays masked and their
-  position does not advance); default all True. The caller keeps `index < T` (not checked
-  inside jit).
+- `decode_step(token_ids [B], cache, *, valid=None, attend_length=None, use_lora=True) ->
+  (logits [B, V], cache)`: writes the tokens at slot `index`, attends over every valid slot,
+  returns the next-token logits. `valid` `[B]` bool: False for rows that already finished (their
+  slot stays masked and their position does not advance); default all True. `attend_length`
+  (a static int `A`): read only the cache's first `A` slots (the sampler's length-bucketed
+  decode); None reads all `T`. The caller keeps `index < A` (or `< T`; not checked inside jit).
 - Cached decoding reproduces the full forward on the concatenated sequence (tested with left
   padding). A sampler is one jitted program::
 

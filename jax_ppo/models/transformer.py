@@ -351,6 +351,7 @@ class Decoder(nnx.Module):
       cache: KVCache,
       *,
       valid: Array | None = None,
+      attend_length: int | None = None,
       use_lora: bool = True,
   ) -> tuple[Array, KVCache]:
     """Appends one token per row at slot `cache.index`; returns hidden `[B, D]` and the cache.
@@ -361,10 +362,23 @@ class Decoder(nnx.Module):
         (not checked inside jit: a full cache overwrites its last slot).
       valid: `[B]` bool, False for rows whose token is padding (a finished sequence): the slot is
         then masked for later steps and the row's position does not advance. Default all True.
+      attend_length: static `A <= T`: attention reads only the cache's first `A` slots
+        (`[L, B, K, A, Dh]` of keys and values, `[B, A]` of the mask), so a step reads the
+        bytes of the slots that can be live instead of the whole cache; the caller keeps
+        `index < A` (not checked inside jit). Slots at or past `index` are never attendable
+        (masked, sliding windows included: the cache is linear, windows are a mask on
+        positions), so the result equals the full read but for the float summation order.
+        None: all `T` slots.
       use_lora: apply the LoRA adapters.
     """
     if token_ids.ndim != 1:
       raise ValueError(f"`token_ids` must be [B], got shape {token_ids.shape}.")
+    t = cache.max_length
+    a = t if attend_length is None else attend_length
+    if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= t:
+      raise ValueError(
+          f"`attend_length` must be a static int in [1, {t}] (the cache's length), got "
+          f"{attend_length!r}.")
     b = token_ids.shape[0]
     if valid is None:
       valid = jnp.ones((b,), bool)
@@ -376,8 +390,8 @@ class Decoder(nnx.Module):
     slot_pos = jax.lax.dynamic_update_slice(cache.slot_positions, pos[:, None], (zero, index))
     h = self._embed(token_ids[:, None], pos[:, None])
     cos, sin = self._rope(pos[:, None])
-    distance = pos[:, None, None] - slot_pos[:, None, :]
-    base_mask = mask[:, None, :]
+    distance = pos[:, None, None] - slot_pos[:, None, :a]  # [B, 1, A]
+    base_mask = mask[:, None, :a]
 
     def body(carry, layer: Block, i, window):
       h, k_all, v_all = carry
@@ -386,8 +400,10 @@ class Decoder(nnx.Module):
       new_slot = lambda x, dtype: jnp.swapaxes(x, 1, 2)[None].astype(dtype)  # [1, B, K, 1, Dh]
       k_all = jax.lax.dynamic_update_slice(k_all, new_slot(k, k_all.dtype), at)
       v_all = jax.lax.dynamic_update_slice(v_all, new_slot(v, v_all.dtype), at)
-      k_l = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(q.dtype)
-      v_l = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(q.dtype)
+      # Layer i's first `a` slots, [B, K, A, Dh] (all T slots when `a == T`).
+      live = lambda x: jax.lax.dynamic_slice(
+          x, (i, zero, zero, zero, zero), (1, *x.shape[1:3], a, x.shape[4]))[0].astype(q.dtype)
+      k_l, v_l = live(k_all), live(v_all)
       att_mask = base_mask if window is None else base_mask & (distance < window)
       out = attention(q, k_l, v_l, att_mask, scale=self.config.query_scale,
                       softcap=self.config.attn_softcap, heads_first=True)
@@ -544,13 +560,16 @@ class CausalLM(nnx.Module):
       cache: KVCache,
       *,
       valid: Array | None = None,
+      attend_length: int | None = None,
       use_lora: bool = True,
   ) -> tuple[Array, KVCache]:
     """Appends `token_ids` `[B]` to the cache; returns next-token logits `[B, V]` and the cache.
 
-    See `Decoder.decode_step` for `valid` (False on rows that have finished).
+    See `Decoder.decode_step` for `valid` (False on rows that have finished) and
+    `attend_length` (attend over the cache's first slots only).
     """
-    h, cache = self.decoder.decode_step(token_ids, cache, valid=valid, use_lora=use_lora)
+    h, cache = self.decoder.decode_step(token_ids, cache, valid=valid,
+                                        attend_length=attend_length, use_lora=use_lora)
     return self.logits_from_hidden(h), cache
 
 

@@ -108,6 +108,14 @@ class SamplingConfig(SamplingParams):
   """Left-truncate prompts that are too long for the context instead of raising."""
   early_stop: bool = True
   """Stop decoding once every row has produced a stop token."""
+  decode_segments: int = 4
+  """Length-bucketed decode: the `T - 1` decode steps are split into this many loops of about
+  equal length, and the steps of loop `k` read only the KV-cache slots that can be live by its
+  last step (`jax_ppo.rollout.sampler.segment_schedule`), instead of all `S + T - 1` slots at
+  every step. The cache bytes read per step average about `S + T (K + 1) / (2K)` slots instead
+  of `S + T` (K = 4 at S = T = 512: 832 against 1023, the live slots average 768). Tokens and
+  log-probs are those of one loop (1) but for the float summation order; each loop compiles
+  its own decode step (compile time grows with K)."""
 
   TEMPERATURE_FIX: ClassVar[str] = "use a value > 0 (greedy=True for argmax decoding)"
 
@@ -119,6 +127,9 @@ class SamplingConfig(SamplingParams):
 
     if not isinstance(self.n_samples, int) or self.n_samples < 1:
       bad("n_samples", "use an int >= 1")
+    if (not isinstance(self.decode_segments, int) or isinstance(self.decode_segments, bool)
+        or self.decode_segments < 1):
+      bad("decode_segments", "use an int >= 1 (1: one decode loop over the whole cache)")
     for field in ("prompt_buckets", "batch_buckets"):
       buckets = getattr(self, field)
       if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):

@@ -6,7 +6,10 @@ NNX model inside the trace, prefills the unique prompts once, repeats their cach
 produced a stop token or `max_new_tokens` is reached. The whole rollout is one XLA program: no
 host round-trip per token. The KV cache is allocated inside that program and updated in place by
 the loop (it is the loop carry), so it never crosses the jit boundary and is freed as soon as the
-rollout returns, leaving the memory to the training step.
+rollout returns, leaving the memory to the training step. The decode is length-bucketed
+(`SamplingConfig.decode_segments`, `segment_schedule`): its steps run in a few consecutive loops
+over the same cache, and the steps of each loop attend over the cache's first slots only, as many
+as can be live by its last step.
 
 `Sampler` wraps it for host use: it left-pads prompts into bucketed shapes (bounded compiles),
 splits the batch into micro-batches chosen from a memory budget and concatenates the results. It is
@@ -128,11 +131,52 @@ def emit_token(step, logits: Array, done: Array, tokens: Array, logprobs: Array,
   return tok, done, tokens, logprobs
 
 
-def decode_body(model, carry: DecodeCarry, *, rng: Array, config: SamplingConfig) -> DecodeCarry:
+class DecodeSegment(NamedTuple):
+  """One of `generate`'s decode loops: response steps `[start, stop)`, each attending over the
+  KV cache's first `attend_length` slots (`S + stop - 1`: step `t` writes slot `S + t - 1`)."""
+
+  start: int
+  stop: int
+  attend_length: int
+
+  @property
+  def steps(self) -> int:
+    return self.stop - self.start
+
+
+def segment_schedule(prompt_length: int, max_new_tokens: int, segments: int
+                     ) -> tuple[DecodeSegment, ...]:
+  r"""The decode loops of `generate` for prompts of `S = prompt_length` slots,
+  `T = max_new_tokens` and `K = segments` (`SamplingConfig.decode_segments`).
+
+  Step 0 is sampled from the prefill's logits; steps `1 .. T - 1` run in the loops. Loop `k`
+  (`1 <= k <= K`) ends before step :math:`e_k = 1 + \lceil k (T - 1) / K \rceil` and
+  reads :math:`S + e_k - 1` slots; the last one reads the whole cache (`S + T - 1`). Ends that
+  count `T - 1` from 1 keep the lengths round where `S` and `T` are (`S = T = 512`, `K = 4`: 640,
+  768, 896, 1023 slots). Loops with no step (`K > T - 1`) are left out, so `T = 1` has none.
+
+  Returns:
+    the `DecodeSegment`s in order; their steps cover `[1, T)` once.
+  """
+  if segments < 1:
+    raise ValueError(f"segments must be >= 1, got {segments}.")
+  out, start = [], 1
+  for k in range(1, segments + 1):
+    stop = 1 + -(-k * (max_new_tokens - 1) // segments)
+    if stop > start:
+      out.append(DecodeSegment(start, stop, prompt_length + stop - 1))
+      start = stop
+  return tuple(out)
+
+
+def decode_body(model, carry: DecodeCarry, *, rng: Array, config: SamplingConfig,
+                attend_length: int | None = None) -> DecodeCarry:
   """One iteration of `generate`'s decode loop: feeds `carry.token` (a real token unless its row
-  had already finished) through `model.decode_step`, then samples step `carry.step`
+  had already finished) through `model.decode_step`, attending over the cache's first
+  `attend_length` slots (None: all; a `DecodeSegment`'s), then samples step `carry.step`
   (`emit_token`). `jax_ppo.diagnostics.ppo_plan` compiles it alone to count the loop's cost."""
-  logits, cache = model.decode_step(carry.token, carry.cache, valid=~carry.done_before)
+  logits, cache = model.decode_step(carry.token, carry.cache, valid=~carry.done_before,
+                                    attend_length=attend_length)
   tok, done, tokens, logprobs = emit_token(carry.step, logits, carry.done, carry.tokens,
                                            carry.logprobs, rng=rng, config=config)
   return DecodeCarry(step=carry.step + 1, token=tok, done=done, done_before=carry.done,
@@ -196,16 +240,21 @@ def generate(
   tok, done, tokens, logprobs = emit_token(0, logits, done0, tokens, logprobs, rng=rng,
                                            config=config)
 
-  def cond(carry: DecodeCarry):
-    keep_going = carry.step < t_max
+  def cond(stop: int, carry: DecodeCarry):
+    keep_going = carry.step < stop
     if config.early_stop:
       keep_going &= ~jnp.all(carry.done)
     return keep_going
 
   carry = DecodeCarry(step=jnp.asarray(1, jnp.int32), token=tok, done=done, done_before=done0,
                       tokens=tokens, logprobs=logprobs, cache=cache)
-  carry = jax.lax.while_loop(
-      cond, lambda carry: decode_body(model, carry, rng=rng, config=config), carry)
+  # One loop per segment over the same cache carry; a loop after an early stop runs no step.
+  for seg in segment_schedule(s, t_max, config.decode_segments):
+    carry = jax.lax.while_loop(
+        functools.partial(cond, seg.stop),
+        functools.partial(decode_body, model, rng=rng, config=config,
+                          attend_length=seg.attend_length),
+        carry)
   tokens = carry.tokens
   logprobs = carry.logprobs
 
@@ -459,6 +508,7 @@ class Sampler:
 
 __all__ = [
     "DecodeCarry",
+    "DecodeSegment",
     "Rollout",
     "Sampler",
     "choose_micro_batch",
@@ -468,5 +518,6 @@ __all__ = [
     "generate",
     "kv_cache_bytes",
     "param_bytes",
+    "segment_schedule",
     "stop_id_array",
 ]

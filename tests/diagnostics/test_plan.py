@@ -28,7 +28,12 @@ from jax_ppo.parallel.jit import MeshJit  # noqa: E402
 from jax_ppo.parallel.mesh import MeshConfig  # noqa: E402
 from jax_ppo.ppo.config import PPOConfig, PPOSampling  # noqa: E402
 from jax_ppo.ppo.loss import coefficients  # noqa: E402
-from jax_ppo.rollout.sampler import DecodeCarry, decode_body, emit_token  # noqa: E402
+from jax_ppo.rollout.sampler import (  # noqa: E402
+  DecodeCarry,
+  decode_body,
+  emit_token,
+  segment_schedule,
+)
 
 TOPOLOGY = "v5e:2x2"  # one host, 4 chips
 L, D, F, V, H, K, DH = 4, 128, 256, 512, 4, 2, 32
@@ -185,8 +190,10 @@ def test_corrected_generate_flops_match_a_decode_loop_unrolled_by_hand(fsdp):
                                               config=sampling)
     carry = DecodeCarry(step=jax.numpy.asarray(1), token=tok, done=done2, done_before=done,
                         tokens=tokens, logprobs=logprobs, cache=cache)
-    for _ in range(t - 1):
-      carry = decode_body(model, carry, rng=rng, config=sampling)
+    for seg in segment_schedule(ids.shape[1], t, sampling.decode_segments):
+      for _ in range(seg.steps):
+        carry = decode_body(model, carry, rng=rng, config=sampling,
+                            attend_length=seg.attend_length)
     return carry.tokens
 
   truth = _compiled_flops(unrolled, run.mesh, dict(

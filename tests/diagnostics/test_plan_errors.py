@@ -119,13 +119,17 @@ def test_datasheet_rows_and_roofline():
 
 def test_loop_trips_are_counted_back():
   cost = lambda f: plan.Cost(f, 10 * f)  # noqa: E731
-  xla = {"generate": cost(100), "decode_step": cost(7), "experience": cost(50),
+  # The sampler's 4 decode loops (steps 1 .. 15: 4, 4, 4 and 3 steps), each step its own cost.
+  decode = {ppo_plan.decode_piece(k): cost(7 + k) for k in range(4)}
+  xla = {"generate": cost(100), **decode, "experience": cost(50),
          "update": cost(1000), "microbatch_grad": cost(300), "optimizer_step": cost(20)}
   ppo = PPOConfig(batch_size=8, sampling=PPOSampling(max_new_tokens=16), ppo_epochs=3,
                   num_minibatches=2, gradient_accumulation_steps=2)
   out = ppo_plan.loop_corrected(xla, ppo, max_new_tokens=16)
-  # the XLA count holds one decode step, one microbatch gradient and one optimizer step
-  assert out["generate"] == cost(100 + 14 * 7)
+  # the XLA count holds one step of each decode loop, one microbatch gradient and one optimizer
+  # step
+  assert out["generate"] == cost(100 + 3 * 7 + 3 * 8 + 3 * 9 + 2 * 10)
+  assert set(out) == {"generate", "experience", "update"}
   assert out["update"] == cost(1000 + (3 * 2 * 2 - 1) * 300 + (3 * 2 - 1) * 20)
   assert out["experience"] == cost(50)
   fused = ppo_plan.loop_corrected({**xla, "experience_update": cost(900)},
@@ -217,11 +221,15 @@ def test_stage_accumulation_trips_are_counted_back():
 
 def test_only_loop_bodies_with_trips_are_compiled():
   """One epoch of one minibatch (the fused program) leaves no optimizer or gradient trips to
-  count back: only the decode step is compiled alone."""
+  count back: only the decode loops' steps are compiled alone."""
   fused = PPOConfig(batch_size=8, ppo_epochs=1)
   trips = ppo_plan.loop_trips(fused, ["generate", "experience_update", "score"],
                               max_new_tokens=16)
-  assert trips == {"generate": {"decode_step": 14}, "experience_update": {}, "score": {}}
+  assert trips == {"generate": {"decode_step_0": 3, "decode_step_1": 3, "decode_step_2": 3,
+                                "decode_step_3": 2},
+                   "experience_update": {}, "score": {}}
+  # 3 decode steps in 4 loops: 3 loops of one step, each counted by XLA once.
+  assert ppo_plan.loop_trips(fused, ["generate"], max_new_tokens=4) == {"generate": {}}
   split = PPOConfig(batch_size=8, ppo_epochs=1, gradient_accumulation_steps=4)
   assert ppo_plan.loop_trips(split, ["update"], max_new_tokens=16) == {
       "update": {"microbatch_grad": 3}}

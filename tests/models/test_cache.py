@@ -123,3 +123,31 @@ def test_cache_rejects_a_prompt_longer_than_itself(hf_checkpoint):
   ids, mask = left_padded_batch()
   with pytest.raises(ValueError, match="cannot hold"):
     model.prefill(ids, mask, model.init_cache(batch_size=3, max_length=4))
+
+
+@pytest.mark.parametrize("name", ["gemma2", "mistral_window"])
+def test_decode_over_the_live_prefix_equals_the_full_cache(name, hf_checkpoint):
+  """`attend_length = index + 1` (the fewest slots a step may read) gives the logits of the
+  full-length read, sliding windows included; a length outside the cache is refused."""
+  _, path = hf_checkpoint(name)
+  model = models.from_pretrained(path)
+  prompt, mask = left_padded_batch(seq=6, pads=(0, 2, 4))
+  new = _continuations(3, 5)
+  graphdef, state = nnx.split(model)
+
+  @functools.partial(jax.jit, static_argnames=("attend_length",))
+  def step(state, tok, cache, attend_length=None):
+    return nnx.merge(graphdef, state).decode_step(tok, cache, attend_length=attend_length)
+
+  _, cache = model.prefill(prompt, mask, model.init_cache(batch_size=3, max_length=16))
+  for t in range(new.shape[1]):
+    full, next_cache = step(state, new[:, t], cache)
+    prefix, prefix_cache = step(state, new[:, t], cache, attend_length=7 + t)
+    np.testing.assert_allclose(np.asarray(prefix), np.asarray(full), atol=1e-5, rtol=0)
+    # Layer 1's keys and values follow layer 0's output: equal but for the summation order.
+    for a, b in zip(jax.tree.leaves(prefix_cache), jax.tree.leaves(next_cache), strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    cache = next_cache
+  for bad in (0, 17, 8.0):
+    with pytest.raises(ValueError, match="attend_length"):
+      model.decode_step(new[:, 0], cache, attend_length=bad)
