@@ -23,7 +23,7 @@ one epoch of two minibatches) and learning rate, differing only in what each pap
 * `dapo`: clip-higher (0.2 / 0.28), token-level loss, no KL, overlong reward shaping, dynamic
   sampling (groups whose responses all score the same are replaced by further prompts);
 * `gspo`: the sequence-level, length-normalised ratio clipped per sequence (3e-4 / 4e-4), no KL;
-* `cispo`: the clipped, stop-gradient importance weight times the log-prob (upper bound 5), no KL;
+* `cispo`: the clipped, stop-gradient importance weight (at most 1.28) times the log-prob, no KL;
 * `dr_grpo`: advantages not divided by the group's std, the `token-sum-norm` reduction, no KL;
 * `ppo`: a critic (a value head on the policy trunk), GAE, the KL penalty in the reward;
 * `online_dpo`: `jax-ppo dpo` with `prompts_path`: two samples per prompt, the reward picks the
@@ -55,7 +55,7 @@ ALGORITHMS: Mapping[str, Mapping[str, Any]] = {
                      "policy_loss": "gspo", "clip_eps": 3e-4, "clip_eps_high": 4e-4,
                      "loss_reduction": "seq-mean-token-mean"}},
     "cispo": {"ppo": {"advantage_mode": "grpo", "kl_coef": 0.0, "kl_in_reward": False,
-                      "policy_loss": "cispo", "clip_eps_high": 4.0}},
+                      "policy_loss": "cispo", "clip_eps_high": 0.28}},
     "dr_grpo": {"ppo": {"advantage_mode": "grpo", "grpo_scale": "none", "kl_coef": 0.0,
                         "kl_in_reward": False, "loss_reduction": "token-sum-norm"}},
     "ppo": {"ppo": {"advantage_mode": "gae", "kl_coef": 0.02, "vf_coef": 0.5,
