@@ -294,7 +294,7 @@ def stage_rl(cfg: RLVRConfig, algorithm: str, out: pathlib.Path, policy: pathlib
 def table(summary: Mapping[str, Any]) -> str:
   """The Markdown table of the summary: one row per algorithm."""
   sft = summary["sft"]
-  lines = ["| algorithm | held-out exact match | training prompts' exact match | "
+  lines = ["| algorithm | held-out exact match | RL prompts' exact match | "
            "KL to SFT (last update) | response tokens | RL wall time (s) |",
            "|---|---|---|---|---|---|",
            f"| SFT model (start) | {sft['accuracy']:.3f} | {sft['train_accuracy']:.3f} | - | "
