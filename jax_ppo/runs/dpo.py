@@ -174,6 +174,29 @@ def load_dpo_config(argv: Sequence[str]) -> DPORunConfig:
   return load_stage_config(DPORunConfig, argv)
 
 
+def load_policy_and_reference(config: DPORunConfig, tokenizer: Any, mesh: Any
+                              ) -> tuple[nnx.Module, nnx.Module | None]:
+  """The policy (`model_path`; with `lora`, its adapters added) and the reference
+  (`reference_path`, else None: the trainer's frozen copy of the policy or, with LoRA, its base
+  weights), each in `dtype` compute with float32 parameters, read into their shards on `mesh`,
+  the vocabulary grown to the tokenizer's when `resize_embeddings`."""
+
+  def load(path: str, what: str) -> nnx.Module:
+    model = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32,
+                            mesh=mesh)
+    grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what=what)
+    check_vocab_covers(tokenizer, model.config)
+    return model
+
+  model = load(config.model_path, "policy")
+  check_adapter_vocab(config, model, config.model_path, field="DPORunConfig.model_path")
+  reference = None if config.reference_path is None else load(config.reference_path,
+                                                              "reference")
+  if config.lora is not None:
+    add_lora(model, config.lora, rngs=nnx.Rngs(config.dpo.seed))
+  return model, reference
+
+
 def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer | OnlineDPOTrainer:
   """Loads the policy, the reference (with `reference_path`), tokenizer and records of `config`
   and builds the trainer (resuming from the run folder); with `config.mesh` the models are read
@@ -207,19 +230,7 @@ def build_dpo_trainer(config: DPORunConfig) -> DPOTrainer | OnlineDPOTrainer:
   tokenizer = load_tokenizer(config.model_path, pad_token=config.pad_token,
                              add_pad_token=config.resize_embeddings, extra_eos_ids=eos)
 
-  def load(path: str, what: str) -> nnx.Module:
-    model = from_pretrained(path, dtype=DTYPES[config.dtype], param_dtype=jnp.float32,
-                            mesh=mesh)
-    grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what=what)
-    check_vocab_covers(tokenizer, model.config)
-    return model
-
-  model = load(config.model_path, "policy")
-  check_adapter_vocab(config, model, config.model_path, field="DPORunConfig.model_path")
-  reference = None if config.reference_path is None else load(config.reference_path,
-                                                              "reference")
-  if config.lora is not None:
-    add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
+  model, reference = load_policy_and_reference(config, tokenizer, mesh)
   return DPOTrainer(c, model, train_data=train, eval_data=evaluation, tokenizer=tokenizer,
                     reference=reference, run_dir=config.run_dir,
                     run_options=config.run_options(), run_config=config, mesh=mesh)
@@ -259,21 +270,8 @@ def build_online_dpo_trainer(config: DPORunConfig) -> OnlineDPOTrainer:
       max_tokens_note=" (the policy's context minus dpo.sampling.max_new_tokens)",
       too_long_fix="shorten it or lower dpo.sampling.max_new_tokens", configurable_fields=False)
   mesh = None if config.mesh is None else make_mesh(config.mesh)
-  dtype = DTYPES[config.dtype]
-
-  def load(path: str, what: str) -> nnx.Module:
-    model = from_pretrained(path, dtype=dtype, param_dtype=jnp.float32, mesh=mesh)
-    grow_vocab(model, len(tokenizer), resize=config.resize_embeddings, what=what)
-    check_vocab_covers(tokenizer, model.config)
-    return model
-
-  model = load(config.model_path, "policy")
-  check_adapter_vocab(config, model, config.model_path, field="DPORunConfig.model_path")
-  reference = None if config.reference_path is None else load(config.reference_path,
-                                                              "reference")
-  if config.lora is not None:
-    add_lora(model, config.lora, rngs=nnx.Rngs(c.seed))
-  scorer, _ = build_scorer(config, tokenizer, dtype=dtype, mesh=mesh)
+  model, reference = load_policy_and_reference(config, tokenizer, mesh)
+  scorer, _ = build_scorer(config, tokenizer, dtype=DTYPES[config.dtype], mesh=mesh)
   return OnlineDPOTrainer(c, model, reward=scorer, prompts=prompts, tokenizer=tokenizer,
                           reference=reference, run_dir=config.run_dir,
                           run_options=config.run_options(), run_config=config, mesh=mesh)
