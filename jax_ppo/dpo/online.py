@@ -54,7 +54,6 @@ from jax_ppo.dpo.trainer import reference_params
 from jax_ppo.models.lora import has_lora
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import multi_process
-from jax_ppo.parallel.rules import shard_params
 from jax_ppo.rewards.scorers import CombinedScorer, as_scorer
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampler import Sampler
@@ -62,7 +61,7 @@ from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions, StepAbandoned
 from jax_ppo.training.optim import make_optimizer
 from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState, init_stage_state
+from jax_ppo.training.state import StageState, init_stage_state, place_stage_state
 
 SCORE_METRICS = ("objective/scores", "objective/scores_chosen", "objective/scores_rejected",
                  "objective/scores_margin", "objective/ties", "val/contain_eos_token")
@@ -162,13 +161,8 @@ class OnlineDPOTrainer(RunStage):
                           schedule=self.schedule, mesh=mesh)
     self.sampler = Sampler(model, self.sampling, mesh=mesh)
     state = init_stage_state(self.optimizer, params)
-    if mesh is None:
-      # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
-    else:
-      self.state = shard_params(state, mesh)
-      self.rest = shard_params(self.rest, mesh)
-      self.ref = shard_params(self.ref, mesh)
+    self.state: StageState
+    self.state, self.rest, self.ref = place_stage_state(state, mesh, self.rest, self.ref)
     self._sample_key = jax.random.PRNGKey(c.seed + 1)
     self.cut_records: dict[str, int] = {}  # (no records are cut: prompts are checked whole)
     self.last_scores: np.ndarray | None = None

@@ -51,12 +51,11 @@ from jax_ppo.dpo.steps import DPOSteps, split_trainable
 from jax_ppo.models.lora import has_lora
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import multi_process, require_mesh
-from jax_ppo.parallel.rules import shard_params
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions
 from jax_ppo.training.optim import make_optimizer
 from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState, batch_rows, init_stage_state
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state, place_stage_state
 
 Array = jax.Array
 
@@ -184,13 +183,8 @@ class DPOTrainer(RunStage):
     self.steps = DPOSteps(c, graphdef=graphdef, lora=self.lora, optimizer=self.optimizer,
                           schedule=self.schedule, mesh=mesh)
     state = init_stage_state(self.optimizer, params)
-    if mesh is None:
-      # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
-    else:
-      self.state = shard_params(state, mesh)
-      self.rest = shard_params(self.rest, mesh)
-      self.ref = shard_params(self.ref, mesh)
+    self.state: StageState
+    self.state, self.rest, self.ref = place_stage_state(state, mesh, self.rest, self.ref)
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir),
         options=run_options if run_options is not None else RunOptions(log_samples_every=0),

@@ -62,7 +62,6 @@ from jax_ppo.models.lora import has_lora
 from jax_ppo.models.tokenizer import encode_chat, pad_batch
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import is_main_process, multi_process, require_mesh
-from jax_ppo.parallel.rules import shard_params
 from jax_ppo.reward_model.config import RewardModelConfig
 from jax_ppo.reward_model.pairwise import (
   PreferencePairs,
@@ -74,7 +73,7 @@ from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions
 from jax_ppo.training.optim import make_optimizer
 from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState, batch_rows, init_stage_state
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state, place_stage_state
 
 Array = jax.Array
 logger = logging.getLogger(__name__)
@@ -183,12 +182,8 @@ class RewardModelTrainer(RunStage):
                                   schedule=self.schedule,
                                   accumulation_steps=c.gradient_accumulation_steps, mesh=mesh)
     state = init_stage_state(self.optimizer, params)
-    if mesh is None:
-      # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
-    else:  # split by the logical-axis rules, as the compiled steps return it
-      self.state = shard_params(state, mesh)
-      self.rest = shard_params(self.rest, mesh)
+    self.state: StageState
+    self.state, self.rest = place_stage_state(state, mesh, self.rest)
     self.normalisation: dict[str, float] | None = None
     self.run = RunLoop(
         self, None if run_dir is None else pathlib.Path(run_dir),

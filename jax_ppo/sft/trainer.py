@@ -45,14 +45,13 @@ from jax_ppo.data.sft import (
 from jax_ppo.models.lora import has_lora
 from jax_ppo.parallel import host_rows
 from jax_ppo.parallel.distributed import require_mesh
-from jax_ppo.parallel.rules import shard_params
 from jax_ppo.sft.config import SFTConfig
 from jax_ppo.sft.steps import SFTBatch, SFTSteps, split_trainable
 from jax_ppo.training.export import export_pretrained
 from jax_ppo.training.loop import RunLoop, RunOptions
 from jax_ppo.training.optim import make_optimizer
 from jax_ppo.training.stage import RunStage
-from jax_ppo.training.state import StageState, batch_rows, init_stage_state
+from jax_ppo.training.state import StageState, batch_rows, init_stage_state, place_stage_state
 
 Array = jax.Array
 
@@ -159,12 +158,8 @@ class SFTTrainer(RunStage):
     self.steps = SFTSteps(c, graphdef=graphdef, optimizer=self.optimizer, schedule=self.schedule,
                           mesh=mesh)
     state = init_stage_state(self.optimizer, params)
-    # Committed to its devices, as a restored checkpoint is (no recompilation after a resume).
-    if mesh is None:
-      self.state: StageState = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
-    else:
-      self.state = shard_params(state, mesh)
-      self.rest = shard_params(self.rest, mesh)
+    self.state: StageState
+    self.state, self.rest = place_stage_state(state, mesh, self.rest)
     self.preempted: str | None = None
     self.run_options = run_options if run_options is not None else RunOptions(
         log_samples_every=0)

@@ -26,6 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
+from jax.sharding import Mesh
+
+from jax_ppo.parallel.rules import shard_params
 
 Array = jax.Array
 
@@ -57,6 +60,23 @@ def init_stage_state(optimizer: optax.GradientTransformation, params: nnx.State)
   """A fresh `StageState` (step 0, learning-rate scale 1)."""
   return StageState(params=params, opt_state=optimizer.init(params),
                     step=jnp.zeros((), jnp.int32), lr_scale=jnp.ones((), jnp.float32))
+
+
+def place_stage_state(state: StageState, mesh: Mesh | None, *frozen: Any) -> tuple:
+  """A stage's fresh state placed as the compiled steps return it, with its frozen trees.
+
+  Without a mesh the state's arrays are committed to their devices, as a restored checkpoint's
+  are, so a resumed run hands the jitted steps the same argument signature (no recompilation);
+  the `frozen` trees (the model's non-trainable rest, a reference) are returned as they are. On
+  a mesh the state and every frozen tree are split by the logical-axis rules
+  (`jax_ppo.parallel.rules.shard_params`).
+
+  Returns:
+    `(state, *frozen)`, placed.
+  """
+  if mesh is None:
+    return (jax.tree.map(lambda x: jax.device_put(x, x.sharding), state), *frozen)
+  return (shard_params(state, mesh), *(shard_params(tree, mesh) for tree in frozen))
 
 
 def guarded_update(
