@@ -3,6 +3,7 @@ errors, and a shortened end-to-end run of every algorithm."""
 
 import importlib.util
 import json
+import math
 import pathlib
 import sys
 
@@ -94,6 +95,13 @@ def test_every_algorithm_raises_the_exact_match_of_its_prompts(tmp_path):
     assert record["train_accuracy"] > start, (name, record["train_accuracy"], start)
     assert 0.0 <= record["accuracy"] <= 1.0 and record["kl"] is not None, name
     assert (tmp_path / name / "hf" / "config.json").exists(), name
+  for name in rlvr.ALGORITHMS:  # the first minibatch of every update is on-policy (ratio 1)
+    rows = rlvr.read_jsonl(tmp_path / name / "metrics.jsonl")
+    assert len(rows) == cfg.updates, name
+    assert max(abs(r["val/ratio_first_minibatch"] - 1.0) for r in rows) < 1e-5, name
+    assert ("train/num_gen_batches" in rows[0]) == (name == "dapo"), name
+  first = rlvr.read_jsonl(tmp_path / "online_dpo" / "metrics.jsonl")[0]
+  assert first["train/loss"] == pytest.approx(math.log(2), abs=1e-5)  # the policy is the reference
   assert json.loads((tmp_path / "summary.json").read_text())["sft"] == summary["sft"]
   assert len(rlvr.table(summary).splitlines()) == 3 + len(rlvr.STAGES)
   again = rlvr.run(cfg, tmp_path, ["grpo"], progress=False)
