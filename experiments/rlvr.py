@@ -2,23 +2,27 @@
 
     python experiments/rlvr.py                        # every algorithm; see --help
     python experiments/rlvr.py --algorithms grpo,gspo --updates 40
-    python experiments/rlvr.py --smoke                # tiny sizes, a few updates (CI)
+    python experiments/rlvr.py --smoke                # CI sizes, ~4 minutes: docs/usage.md's table
 
 Nothing is downloaded. The task is the package's seeded arithmetic problems
 (`jax_ppo.data.arithmetic`: "Q: What is 37 + 48?\\nA:", train and held-out problems never meet)
 scored by exact match (`reward_function=arithmetic_exact_match`, 1.0 when the response's final
 answer is the result). A tiny decoder with a byte-level tokenizer that splits digits is trained
 from random weights by SFT on worked answers (`out/sft/hf`), then each algorithm trains that
-same SFT model with `jax-ppo train`'s run config (`out/<algorithm>/`), and the script measures
-the held-out exact-match accuracy (greedy decoding) of the SFT model and of each result, the KL
-to the SFT model and the response length at the last update, and the wall time of the RL stage.
-It writes `out/summary.json` and prints the Markdown table of docs/algorithms.md.
+same SFT model on the RL prompts (`out/data/rl.jsonl`, the first `rl_problems` SFT problems)
+through the run configs users write (`jax-ppo train`; `jax-ppo dpo` with `prompts_path` for
+online DPO; `out/<algorithm>/`). The script measures the greedy exact match of the SFT model and
+of each result on the held-out problems and on the RL prompts, the KL to the SFT model and the
+response length at the last update, and the wall time of the RL stage. It writes
+`out/summary.json` and prints the Markdown table of docs/usage.md ("The algorithms on a
+verifiable task").
 
 Running the same command again reuses the data, the SFT model and every finished algorithm (a
 run whose exported model is in `out/<algorithm>/hf`).
 
 The algorithms (`ALGORITHMS`), each the same batch geometry (prompts x `n_samples` responses,
-one epoch of two minibatches) and learning rate, differing only in what each paper changes:
+`ppo_epochs` epochs of two minibatches) and learning rate, differing only in what each paper
+changes:
 * `grpo`: group-normalised advantages, PPO's clipped token ratio, a k3 KL loss to the reference;
 * `dapo`: clip-higher (0.2 / 0.28), token-level loss, no KL, overlong reward shaping, dynamic
   sampling (groups whose responses all score the same are replaced by further prompts);
