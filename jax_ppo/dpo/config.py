@@ -120,6 +120,14 @@ class DPOConfig:
   seed: int = 0
   """Seed of the held-out split and the batch order."""
 
+  def check_warmup(self, total_steps: int) -> None:
+    """Refuses a warm-up longer than the run's `total_steps` optimizer steps (known only once
+    the trainer has counted its data), naming `DPOConfig.optimizer.warmup_steps`."""
+    if self.optimizer.warmup_steps > total_steps:
+      raise ValueError(f"DPOConfig.optimizer.warmup_steps={self.optimizer.warmup_steps} is "
+                       f"invalid: it exceeds the run's {total_steps} optimizer steps; lower it "
+                       "or train longer.")
+
   def __post_init__(self):
     def bad(field: str, fix: str):
       raise ValueError(f"DPOConfig.{field}={getattr(self, field)!r} is invalid: {fix}.")

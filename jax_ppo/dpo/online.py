@@ -149,10 +149,7 @@ class OnlineDPOTrainer(RunStage):
         c.sampling, n_samples=c.n_samples, batch_buckets=(c.batch_size,), pad_token_id=pad,
         stop_token_ids=stops)
     self.total_steps = c.total_steps or c.num_epochs * -(-len(self.prompts) // c.batch_size)
-    if c.optimizer.warmup_steps > self.total_steps:
-      raise ValueError(f"DPOConfig.optimizer.warmup_steps={c.optimizer.warmup_steps} is invalid: "
-                       f"it exceeds the run's {self.total_steps} optimizer steps; lower it or "
-                       "train longer.")
+    c.check_warmup(self.total_steps)
     graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
     self.ref: Any = reference_params(params, reference, lora=self.lora,
                                      scan_layers=c.train_scan_layers)

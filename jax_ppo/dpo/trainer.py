@@ -168,10 +168,7 @@ class DPOTrainer(RunStage):
       self.train_pairs = self.train_pairs.take(np.sort(order[n_eval:]))
     self.steps_per_epoch = math.ceil(self.train_pairs.num_pairs / c.batch_size)
     self.total_steps = c.total_steps or c.num_epochs * self.steps_per_epoch
-    if c.optimizer.warmup_steps > self.total_steps:
-      raise ValueError(f"DPOConfig.optimizer.warmup_steps={c.optimizer.warmup_steps} is invalid: "
-                       f"it exceeds the run's {self.total_steps} optimizer steps; lower it or "
-                       "train longer.")
+    c.check_warmup(self.total_steps)
     graphdef, params, self.rest = split_trainable(model, scan_layers=c.train_scan_layers)
     self.ref: Any = reference_params(params, reference, lora=self.lora,
                                      scan_layers=c.train_scan_layers)

@@ -134,3 +134,11 @@ def test_bad_records_and_configs_name_the_field():
                      "gradient_accumulation_steps"), ({"max_length": 1}, "max_length")):
     with pytest.raises(ValueError, match=rf"^DPOConfig\.{field}=.* is invalid: "):
       DPOConfig(**kw)
+
+
+def test_a_warmup_longer_than_the_run_is_refused_naming_the_field():
+  config = DPOConfig(optimizer=DPOOptimizer(warmup_steps=5))
+  config.check_warmup(5)
+  with pytest.raises(ValueError, match=r"DPOConfig\.optimizer\.warmup_steps=5 is invalid: it "
+                                       r"exceeds the run's 4 optimizer steps"):
+    config.check_warmup(4)
