@@ -8,7 +8,7 @@
     jax-ppo reward CONFIG [key=value ...]     # reward-model stage (jax_ppo.runs.reward)
     jax-ppo dpo CONFIG [key=value ...]        # DPO on preference pairs (jax_ppo.runs.dpo)
     jax-ppo plan CONFIG [key=value ...] --topology v5e:2x4 [--stage STAGE] [--model NAME]
-        [--json PATH]                         # compile the run for a TPU slice from this host
+        [--json PATH]                         # compile the run for a TPU slice (or GPUs: h100:8)
     jax-ppo pipeline CONFIG [key=value ...]   # SFT -> reward model -> PPO (jax_ppo.runs.pipeline)
     jax-ppo config {train,sft,reward,dpo,pipeline} [key=value ...]  # a documented default config
 
@@ -95,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
                            "peft.PeftModel.from_pretrained on the starting policy) instead of the "
                            "merged model; the run must have trained LoRA")
   plan = commands.add_parser(
-      "plan", help="compile a run's programs for a TPU slice on this host: per-chip HBM, fit, "
-                   "roofline time",
+      "plan", help="compile a run's programs for a TPU slice or GPU nodes on this host: per-chip "
+                   "HBM, fit, roofline time (TPUs)",
       description="Compile the programs of a run ahead of time for a TPU slice that need not be "
                   "present, with the run's mesh over its chips and abstract parameters (the "
                   "model's config.json only, no weights; or, with --model NAME, a common model's "
@@ -107,13 +107,18 @@ def _parser() -> argparse.ArgumentParser:
                   "the sampler, the experience and update programs), `jax-ppo sft` (--stage sft) "
                   "or `jax-ppo reward` (--stage reward: the train and eval steps); a config file "
                   "does not say which (an SFT and a reward config may hold the same keys), so "
-                  "--stage does, and a config of another kind is refused naming its kind. Needs "
-                  "libtpu: pip install \"jax_ppo[tpu]\" (jax_ppo.diagnostics.ppo_plan, "
+                  "--stage does, and a config of another kind is refused naming its kind. A TPU "
+                  "slice needs libtpu: pip install \"jax_ppo[tpu]\"; GPU nodes (h100:8, "
+                  "h200:2x8, a100-80gb:8) need JAX's CUDA plugin, pip install "
+                  "\"jax_ppo[plan-gpu]\", and get memory and fit only (XLA's GPU compiler has no "
+                  "cost analysis without a GPU) (jax_ppo.diagnostics.ppo_plan, "
                   "jax_ppo.diagnostics.stage_plan).",
   )
   plan.add_argument("args", nargs="*", metavar="CONFIG | key=value")
   plan.add_argument("--topology", required=True,
-                    help="TPU slice, e.g. v5e:2x2, v5e:2x4, v5p:2x2x4, v6e:2x2")
+                    help="TPU slice, e.g. v5e:2x2, v5e:2x4, v5p:2x2x4, v6e:2x2, or GPU "
+                         "nodes, PART:GPUS or PART:NODESxGPUS with PART h100, h200 or a100-80gb, "
+                         "e.g. h100:8, h200:2x8")
   plan.add_argument("--stage", choices=("ppo", "sft", "reward"), default="ppo",
                     help="which run CONFIG configures: ppo (`jax-ppo train`, the default), sft "
                          "(`jax-ppo sft`) or reward (`jax-ppo reward`)")
@@ -236,9 +241,14 @@ def _run_stage(command: str, argv: Sequence[str]) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
   """`jax-ppo plan`: prints the plan's table (and writes its JSON to `--json`)."""
-  from jax_ppo.diagnostics.topology import require_libtpu
+  from jax_ppo.diagnostics.plan import require_compiler
 
-  require_libtpu()  # before reading anything: one line naming the extra
+  require_compiler(args.topology)  # before reading anything: one line naming the extra
+  import jax
+
+  # A plan compiles and never runs: no accelerator runtime is started (with libtpu or the CUDA
+  # plugin installed, JAX would try, and log each failure on a host without one).
+  jax.config.update("jax_platforms", "cpu")
   from jax_ppo.diagnostics.plan import format_plan
   from jax_ppo.diagnostics.shapes import SHAPE_PREFIX
   from jax_ppo.runs.stages import load_stage_run_config

@@ -1,13 +1,15 @@
-"""The planning table of docs/accelerators.md: the smallest TPU slice a PPO run fits, from
-`jax-ppo plan`'s compiles on this CPU host (libtpu, no TPU).
+"""The planning table of docs/accelerators.md: the smallest TPU slice, and the fewest H100 or
+H200 GPUs, a PPO run fits, from `jax-ppo plan`'s compiles on this CPU host (libtpu and JAX's CUDA
+plugin; no TPU, no GPU).
 
-For each model (`jax_ppo.diagnostics.shapes`), run kind and TPU generation it walks the
-generation's slices from the smallest whose resident arrays (parameters, moments, reference,
-reward model, critic; no compile needed) fit one chip's HBM, re-planning the programs' memory
-(`ppo_plan.memory_peaks`) until every program fits, then plans that slice in full
-(`ppo_plan.plan_run`: costs with every loop trip, roofline time). It writes one JSON per cell
-(`--out`, the plan's JSON plus the cell's names) and prints the table; `--table` prints the
-table from the JSON already written (no compile).
+For each model (`jax_ppo.diagnostics.shapes`), run kind and TPU generation or GPU part it walks
+the generation's slices (for GPUs: 1, 2, 4, 8 GPUs on one node, then 2, 4, 8 nodes of 8) from the
+smallest whose resident arrays (parameters, moments, reference, reward model, critic; no compile
+needed) fit one chip's HBM, re-planning the programs' memory (`ppo_plan.memory_peaks`) until
+every program fits, then plans that slice in full (`ppo_plan.plan_run`: costs with every loop
+trip, roofline time; GPUs have no costs without a GPU, so their cells have memory only). It
+writes one JSON per cell (`--out`, the plan's JSON plus the cell's names) and prints the table;
+`--table` prints the table from the JSON already written (no compile).
 
 The runs (all bfloat16 compute with float32 masters and moments, the default remat "dots",
 1024 prompt tokens + 1024 response tokens, 64 responses per update, one PPO epoch of one
@@ -23,10 +25,13 @@ The roofline time per update is the sum of the programs' `max(FLOPs / peak, byte
 bandwidth)` on one chip: a lower bound (no communication, no host work, every decode step at the
 full `max_new_tokens`).
 
-    pip install -e ".[tpu]"        # in a virtual environment of its own
+    pip install -e ".[tpu,plan-gpu]"   # in a virtual environment of its own
     python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
-        [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e] [--out DIR] [--table]
-        [--compile-cache DIR] [--memory-only] [--skip-existing]
+        [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e,h100,h200] [--out DIR] [--table]
+        [--memory-only] [--skip-existing]
+
+JAX's persistent compilation cache is not used: it cannot load executables compiled for devices
+that are not present (every program here).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ SLICES = {
     "v5e": ("v5e:2x2", "v5e:2x4", "v5e:4x4", "v5e:4x8", "v5e:8x8", "v5e:8x16", "v5e:16x16"),
     "v5p": ("v5p:2x2x1", "v5p:2x2x2", "v5p:2x2x4", "v5p:2x4x4", "v5p:4x4x4", "v5p:4x4x8"),
     "v6e": ("v6e:2x2", "v6e:2x4", "v6e:4x4", "v6e:4x8", "v6e:8x8", "v6e:8x16", "v6e:16x16"),
+    "h100": ("h100:1", "h100:2", "h100:4", "h100:8", "h100:2x8", "h100:4x8", "h100:8x8"),
+    "h200": ("h200:1", "h200:2", "h200:4", "h200:8", "h200:2x8", "h200:4x8", "h200:8x8"),
 }
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
 
@@ -83,12 +90,12 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
   docstring); without `costs`, only the fitting slice's memory (no cost variants, no roofline
   time)."""
   from jax_ppo.diagnostics import ppo_plan
-  from jax_ppo.diagnostics.plan import plan_chip
-  from jax_ppo.diagnostics.topology import slice_mesh, tpu_devices
+  from jax_ppo.diagnostics.plan import plan_chip, topology_devices
+  from jax_ppo.diagnostics.topology import slice_mesh
 
   tried = []
   for topology in SLICES[generation]:
-    devices = tpu_devices(topology)
+    devices = topology_devices(topology)
     hbm = plan_chip(devices, topology).hbm_bytes
     shape = run_shape_for(model, run, len(devices))
     mesh = slice_mesh(devices, shape.mesh, topology=topology)
@@ -125,7 +132,7 @@ def table(records: list[dict]) -> str:
   """Markdown: one row per model and run, per generation the slice, its peak HBM per chip and
   the roofline time per update."""
   gib = 2.0**30
-  gens = sorted({r["generation"] for r in records})
+  gens = [g for g in SLICES if any(r["generation"] == g for r in records)]
   head = "| model | run | " + " | ".join(f"{g}: slice, peak GiB/chip, roofline s" for g in gens)
   lines = [head + " |", "|---|---|" + "---|" * len(gens)]
   cells = {(r["model"], r["run"], r["generation"]): r for r in records}
@@ -140,8 +147,9 @@ def table(records: list[dict]) -> str:
           row.append(f"none up to {r['tried'][-1]['topology']}")
         else:
           peak = max(r["peak_bytes_per_chip"].values())
-          roof = ("-" if r["plan"] is None else
-                  f"{sum(x['roofline_s'] for x in r['plan']['programs'].values()):.2f}")
+          times = ([] if r["plan"] is None else
+                   [x["roofline_s"] for x in r["plan"]["programs"].values()])
+          roof = "-" if not times or None in times else f"{sum(times):.2f}"
           row.append(f"{r['topology']} ({r['chips']} chips), {peak / gib:.1f}, {roof}")
       if any(c != "not planned" for c in row):
         lines.append(f"| {model} | {run} | " + " | ".join(row) + " |")
@@ -154,10 +162,6 @@ def main(argv=None) -> int:
   parser.add_argument("--runs", default=",".join(RUNS))
   parser.add_argument("--generations", default=",".join(SLICES))
   parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-  parser.add_argument("--compile-cache", default="auto",
-                      help="JAX's persistent compilation cache folder (jax_ppo.compile_cache; "
-                           "\"off\" to disable): a cell's fitting slice is compiled twice "
-                           "(memory, then the plan), the second time from the cache")
   parser.add_argument("--memory-only", action="store_true",
                       help="the fitting slice and its memory only (no cost variants, no roofline "
                            "time: the cost compiles take most of the time)")
@@ -168,9 +172,6 @@ def main(argv=None) -> int:
                       help="print the table from the JSON in --out (no compile)")
   args = parser.parse_args(argv)
   if not args.table:
-    from jax_ppo.compile_cache import enable_compilation_cache
-
-    enable_compilation_cache(args.compile_cache)
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):

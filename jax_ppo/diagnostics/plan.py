@@ -1,11 +1,12 @@
-"""A run's programs compiled ahead of time for a TPU slice, from a CPU host: what every stage's
-plan shares.
+"""A run's programs compiled ahead of time for a TPU slice or GPU nodes, from a CPU host: what
+every stage's plan shares.
 
 A stage's plan (`jax_ppo.diagnostics.ppo_plan` for PPO) builds its state and batches as abstract
 `jax.ShapeDtypeStruct`s with the run's shardings over the slice's devices
-(`jax_ppo.diagnostics.topology`), hands each program here as a `Program` and gets back, per
-program and per chip, `compiled.memory_analysis()` (argument, output, aliased and temporary
-bytes) and its loop-corrected costs. The chip's peak use during a program is
+(`topology_devices`: `jax_ppo.diagnostics.topology` for TPUs, `gpu_topology` for GPUs), hands
+each program here as a `Program` and gets back, per program and per chip,
+`compiled.memory_analysis()` (argument, output, aliased and temporary bytes) and its
+loop-corrected costs. The chip's peak use during a program is
 
 .. math::  \\text{peak} = \\text{arguments} + \\text{outputs} - \\text{aliased}
            + \\text{temporaries} + \\text{resident arrays the program does not take}
@@ -21,9 +22,11 @@ other loops' missing trips from their bodies compiled alone. The roofline time o
 `max(F / F_peak, Q / W_HBM)` on one chip (`chips.roofline_seconds`), the compute dtype choosing
 the peak's row.
 
-libtpu must be installed (`pip install "jax_ppo[tpu]"`, best in a virtual environment of its own:
-with it every JAX process tries to start a TPU runtime) and only one process on a host may load
-it at a time (its lock file, `libtpu_lockfile` in the temporary folder).
+For a TPU slice libtpu must be installed (`pip install "jax_ppo[tpu]"`, best in a virtual
+environment of its own: with it every JAX process tries to start a TPU runtime) and only one
+process on a host may load it at a time (its lock file, `libtpu_lockfile` in the temporary
+folder). For GPUs, JAX's CUDA plugin (`jax_ppo[plan-gpu]`); XLA's GPU compiler gives no cost
+analysis without a GPU, so a GPU plan's programs have memory and no costs (None).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from typing import Any
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import advise
-from jax_ppo.diagnostics.topology import PlanError, slice_mesh
+from jax_ppo.diagnostics.gpu_topology import gpu_devices, is_gpu_topology, require_cuda_plugin
+from jax_ppo.diagnostics.topology import PlanError, require_libtpu, slice_mesh, tpu_devices
 from jax_ppo.models import ModelConfig
 from jax_ppo.parallel.chips import Chip, chip_for, roofline_seconds
 from jax_ppo.parallel.mesh import AXES
@@ -69,11 +73,14 @@ class Cost:
     return Cost(self.flops * k, self.bytes_accessed * k)
 
 
-def xla_cost(compiled) -> Cost:
-  """`compiled.cost_analysis()`'s "flops" and "bytes accessed" (loop bodies counted once)."""
+def xla_cost(compiled) -> Cost | None:
+  """`compiled.cost_analysis()`'s "flops" and "bytes accessed" (loop bodies counted once); None
+  where XLA has no cost analysis (its GPU compiler without a GPU)."""
   analysis = compiled.cost_analysis()
   if isinstance(analysis, list | tuple):
-    analysis = analysis[0]
+    analysis = analysis[0] if analysis else None
+  if not analysis:
+    return None
   return Cost(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)))
 
 
@@ -112,7 +119,8 @@ def compile_program(name: str, program: Program, *, topology: str):
   except Exception as e:
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
-    message = f"program {name!r} does not compile for TPU topology {topology!r}: {first}"
+    kind = "GPU" if is_gpu_topology(topology) else "TPU"
+    message = f"program {name!r} does not compile for {kind} topology {topology!r}: {first}"
     if "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text:
       size = _SIZE.search(text)
       required = (None if size is None else
@@ -134,12 +142,13 @@ class ProgramPlan:
   temp_bytes: int
   outside_bytes: int
   """Resident arrays the program does not take (e.g. the optimizer state while sampling)."""
-  flops: float
-  bytes_accessed: float
-  xla_flops: float
+  flops: float | None
+  """Loop-corrected (every trip counted); None on GPUs (no cost analysis without one)."""
+  bytes_accessed: float | None
+  xla_flops: float | None
   """XLA's own count for the program as the run compiles it (each loop body counted once)."""
-  xla_bytes_accessed: float
-  roofline_s: float
+  xla_bytes_accessed: float | None
+  roofline_s: float | None
 
   @property
   def peak_bytes_per_chip(self) -> int:
@@ -148,16 +157,23 @@ class ProgramPlan:
             + self.outside_bytes)
 
   @classmethod
-  def read(cls, compiled, program: Program, cost: Cost, chip: Chip, *, dtype: str) -> ProgramPlan:
-    """The plan of `program`, compiled as `compiled`, with its loop-corrected `cost`."""
+  def read(cls, compiled, program: Program, cost: Cost | None, chip: Chip, *,
+           dtype: str) -> ProgramPlan:
+    """The plan of `program`, compiled as `compiled`, with its loop-corrected `cost` (None: no
+    costs, as on GPUs)."""
     memory, xla = compiled.memory_analysis(), xla_cost(compiled)
+    costs = dict(flops=None, bytes_accessed=None, xla_flops=None, xla_bytes_accessed=None,
+                 roofline_s=None)
+    if cost is not None and xla is not None:
+      costs = dict(flops=cost.flops, bytes_accessed=cost.bytes_accessed, xla_flops=xla.flops,
+                   xla_bytes_accessed=xla.bytes_accessed,
+                   roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip,
+                                               dtype=dtype))
     return cls(argument_bytes=int(memory.argument_size_in_bytes),
                output_bytes=int(memory.output_size_in_bytes),
                alias_bytes=int(memory.alias_size_in_bytes),
                temp_bytes=int(memory.temp_size_in_bytes), outside_bytes=program.outside_bytes,
-               flops=cost.flops, bytes_accessed=cost.bytes_accessed, xla_flops=xla.flops,
-               xla_bytes_accessed=xla.bytes_accessed,
-               roofline_s=roofline_seconds(cost.flops, cost.bytes_accessed, chip, dtype=dtype))
+               **costs)
 
   def to_json(self) -> dict[str, Any]:
     return {"peak_bytes_per_chip": self.peak_bytes_per_chip,
@@ -166,7 +182,8 @@ class ProgramPlan:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
-  """A run's programs compiled for a TPU slice: per-chip memory, costs and the fit."""
+  """A run's programs compiled for a TPU slice or GPU nodes: per-chip memory, costs and the
+  fit."""
 
   topology: str
   chip: str
@@ -244,12 +261,27 @@ def grouped_depth_costs(programs_at: Callable[[dict[str, int]], Mapping[str, Pro
   return out
 
 
+def require_compiler(topology: str) -> None:
+  """PlanError naming the extra that compiles for `topology` (libtpu for a TPU slice, JAX's CUDA
+  plugin for GPUs) unless it is installed; nothing is loaded."""
+  if is_gpu_topology(topology):
+    require_cuda_plugin()
+  else:
+    require_libtpu()
+
+
+def topology_devices(topology: str) -> list:
+  """The devices of `topology`: GPU nodes ("h100:8", "h200:2x8";
+  `jax_ppo.diagnostics.gpu_topology`) or a TPU slice ("v5e:2x4"; `topology.tpu_devices`)."""
+  return gpu_devices(topology) if is_gpu_topology(topology) else tpu_devices(topology)
+
+
 def plan_chip(devices: list, topology: str) -> Chip:
   """The datasheet row of the slice's chips; PlanError when the table does not list them."""
   kind = devices[0].device_kind
   chip = chip_for(kind)
   if chip is None:
-    raise PlanError(f"TPU topology {topology!r} has chips of kind {kind!r}, which the datasheet "
+    raise PlanError(f"topology {topology!r} has chips of kind {kind!r}, which the datasheet "
                     "table (jax_ppo.parallel.chips.CHIPS) does not list.")
   return chip
 
@@ -280,11 +312,12 @@ def shape_peaks(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: s
 
 
 def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: str, *,
-                  devices: list, costs: Callable[[Any, Mesh], Mapping[str, Cost]],
+                  devices: list, costs: Callable[[Any, Mesh], Mapping[str, Cost]] | None,
                   advice: bool) -> Plan:
   """The plan of the run `shape` on the slice: its programs (`programs_of(shape, mesh)`, as in
   `shape_peaks`) compiled and reported per chip (`compile_plan`), with `costs(programs, mesh)`,
-  their loop-corrected costs, once every program has compiled. With `advice`, when the run does
+  their loop-corrected costs, once every program has compiled (None: no costs, as on GPUs,
+  where XLA has no cost analysis without a GPU). With `advice`, when the run does
   not fit, the changes that make it fit (`jax_ppo.diagnostics.advice.advise`, re-planning each
   candidate's memory with `shape_peaks`) go into the plan, or into the `DoesNotFit` error when
   XLA refuses a program for want of HBM."""
@@ -296,7 +329,7 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
                   peaks_of=lambda s: shape_peaks(programs_of, s, topology, devices=devices))
 
   try:
-    plan = compile_plan(run.programs(), lambda: costs(run, mesh), topology=topology,
+    plan = compile_plan(run.programs(), costs and (lambda: costs(run, mesh)), topology=topology,
                         devices=devices, mesh=mesh, dtype=shape.dtype,
                         resident_bytes=run.resident_bytes)
   except DoesNotFit as e:
@@ -312,17 +345,19 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
 
 
 def compile_plan(programs: Mapping[str, Program],
-                 costs: Mapping[str, Cost] | Callable[[], Mapping[str, Cost]], *, topology: str,
+                 costs: Mapping[str, Cost] | Callable[[], Mapping[str, Cost]] | None, *,
+                 topology: str,
                  devices: list, mesh: Mesh, dtype: str,
                  resident_bytes: dict[str, int]) -> Plan:
   """Compiles `programs` (as the run compiles them) for `topology` and reports each per chip,
   with its loop-corrected `costs` and their roofline time on the slice's chip. `costs` may be a
   function, called once every program has compiled (a program that does not fit then fails
-  before any cost variant is compiled)."""
+  before any cost variant is compiled), or None: no costs (GPUs)."""
   chip = plan_chip(devices, topology)
   compiled = {name: compile_program(name, program, topology=topology)
               for name, program in programs.items()}
   costs = costs() if callable(costs) else costs
+  costs = dict.fromkeys(programs) if costs is None else costs
   out = {name: ProgramPlan.read(compiled[name], program, costs[name], chip, dtype=dtype)
          for name, program in programs.items()}
   return Plan(topology=topology, chip=chip.name, chips=len(devices),
@@ -345,9 +380,10 @@ def format_plan(plan: Plan) -> str:
       f"{'GB accessed':>13}{'roofline s':>12}",
   ]
   for name, p in plan.programs.items():
+    costs = (f"{'-':>12}{'-':>13}{'-':>12}" if p.flops is None else
+             f"{p.flops / 1e9:>12.3f}{p.bytes_accessed / 1e9:>13.3f}{p.roofline_s:>12.3g}")
     lines.append(f"{name:<18}{p.peak_bytes_per_chip / gib:>10.3f}{p.argument_bytes / gib:>10.3f}"
-                 f"{p.temp_bytes / gib:>10.3f}{p.flops / 1e9:>12.3f}"
-                 f"{p.bytes_accessed / 1e9:>13.3f}{p.roofline_s:>12.3g}")
+                 f"{p.temp_bytes / gib:>10.3f}{costs}")
   lines.append(f"fits: {'yes' if plan.fits else 'NO'} (largest peak "
                f"{max(p.peak_bytes_per_chip for p in plan.programs.values()) / gib:.3f} GiB of "
                f"{plan.hbm_per_chip_bytes / gib:.1f})")
@@ -373,7 +409,9 @@ __all__ = [
     "plan_chip",
     "plan_programs",
     "program_peaks",
+    "require_compiler",
     "shape_peaks",
+    "topology_devices",
     "with_layers",
     "xla_cost",
 ]

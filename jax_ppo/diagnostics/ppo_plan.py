@@ -44,6 +44,7 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import Knobs
+from jax_ppo.diagnostics.gpu_topology import is_gpu_topology
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
@@ -53,11 +54,12 @@ from jax_ppo.diagnostics.plan import (
   grouped_depth_costs,
   plan_programs,
   shape_peaks,
+  topology_devices,
   with_layers,
   xla_cost,
 )
 from jax_ppo.diagnostics.shapes import plan_model_config
-from jax_ppo.diagnostics.topology import PlanError, tpu_devices
+from jax_ppo.diagnostics.topology import PlanError
 from jax_ppo.models import (
   DEFAULT_REMAT,
   CausalLM,
@@ -516,26 +518,30 @@ def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
              advice: bool = True) -> Plan:
-  """Compiles the programs of `shape` for the TPU slice `topology` and reports them per chip.
+  """Compiles the programs of `shape` for the TPU slice or GPU nodes `topology` and reports them
+  per chip.
 
   Args:
     shape: the run (model shapes, PPO hyperparameters, prompt length, dtype, mesh sizes).
-    topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4".
-    devices: the slice's devices (default: `tpu_devices(topology)`).
+    topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4", or GPU nodes,
+      e.g. "h100:8", "h200:2x8" (`jax_ppo.diagnostics.gpu_topology`; memory only, no costs).
+    devices: the slice's devices (default: `topology_devices(topology)`).
     advice: when the run does not fit, search the change that makes it fit
       (`jax_ppo.diagnostics.advice.advise`, re-planning the memory of each candidate).
 
   Raises:
-    PlanError: libtpu missing or in use, an unknown topology or chip, a mesh that does not fit,
-      a program that does not compile (naming it and the topology).
+    PlanError: libtpu (or the CUDA plugin) missing, libtpu in use, an unknown topology or
+      chip, a mesh that does not fit, a program that does not compile (naming it and the
+      topology).
   """
-  devices = tpu_devices(topology) if devices is None else devices
+  devices = topology_devices(topology) if devices is None else devices
 
   def costs(run: RunPrograms, mesh: Mesh) -> dict[str, Cost]:
     return loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
                           max_new_tokens=run.sampling.max_new_tokens)
 
-  return plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
+  return plan_programs(RunPrograms, shape, topology, devices=devices,
+                       costs=None if is_gpu_topology(topology) else costs,
                        advice=advice)
 
 

@@ -44,6 +44,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import Knobs
+from jax_ppo.diagnostics.gpu_topology import is_gpu_topology
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
@@ -52,10 +53,10 @@ from jax_ppo.diagnostics.plan import (
   depth_costs,
   plan_programs,
   shape_peaks,
+  topology_devices,
   with_layers,
 )
 from jax_ppo.diagnostics.shapes import SHAPE_PREFIX, plan_model_config
-from jax_ppo.diagnostics.topology import tpu_devices
 from jax_ppo.models import (
   DEFAULT_REMAT,
   CausalLM,
@@ -277,27 +278,31 @@ def memory_peaks(shape: StageShape, topology: str, *, devices: list) -> dict[str
 
 def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None,
                advice: bool = True) -> Plan:
-  """Compiles the programs of `shape` for the TPU slice `topology` and reports them per chip.
+  """Compiles the programs of `shape` for the TPU slice or GPU nodes `topology` and reports them
+  per chip.
 
   Args:
     shape: the run (model shapes, stage hyperparameters, dtype, LoRA, mesh sizes).
-    topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4".
-    devices: the slice's devices (default: `tpu_devices(topology)`).
+    topology: a TPU slice name libtpu knows, e.g. "v5e:2x4", "v5p:2x2x4", or GPU nodes,
+      e.g. "h100:8", "h200:2x8" (`jax_ppo.diagnostics.gpu_topology`; memory only, no costs).
+    devices: the slice's devices (default: `topology_devices(topology)`).
     advice: when the run does not fit, search the change that makes it fit
       (`jax_ppo.diagnostics.advice.advise`: FSDP, gradient accumulation, LoRA; re-planning the
       memory of each candidate).
 
   Raises:
-    PlanError: libtpu missing or in use, an unknown topology or chip, a mesh that does not fit,
-      a program that does not compile (naming it and the topology).
+    PlanError: libtpu (or the CUDA plugin) missing, libtpu in use, an unknown topology or
+      chip, a mesh that does not fit, a program that does not compile (naming it and the
+      topology).
   """
-  devices = tpu_devices(topology) if devices is None else devices
+  devices = topology_devices(topology) if devices is None else devices
 
   def costs(run: StagePrograms, mesh: Mesh) -> dict[str, Cost]:
     return loop_corrected(layer_costs(shape, mesh, topology=topology),
                           accumulation_steps=shape.config.gradient_accumulation_steps)
 
-  return plan_programs(StagePrograms, shape, topology, devices=devices, costs=costs,
+  return plan_programs(StagePrograms, shape, topology, devices=devices,
+                       costs=None if is_gpu_topology(topology) else costs,
                        advice=advice)
 
 

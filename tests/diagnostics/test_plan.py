@@ -16,7 +16,9 @@ import pytest
 pytest.importorskip("libtpu", reason="needs the jax_ppo[tpu] extra (libtpu); see .ci/run")
 
 import jax  # noqa: E402
+import tiny_plan_run  # noqa: E402  (tests/diagnostics: the tiny run and its parameter count)
 from flax import nnx  # noqa: E402
+from tiny_plan_run import DH, GAE, D, F, H, K, V  # noqa: E402
 
 from jax_ppo import cli  # noqa: E402
 from jax_ppo.diagnostics import plan as plan_lib  # noqa: E402
@@ -36,33 +38,21 @@ from jax_ppo.rollout.sampler import (  # noqa: E402
 )
 
 TOPOLOGY = "v5e:2x2"  # one host, 4 chips
-L, D, F, V, H, K, DH = 4, 128, 256, 512, 4, 2, 32
-GAE = dict(batch_size=8, sampling={"max_new_tokens": 8}, ppo_epochs=2)  # fused: one minibatch
-# experience, then update; 4-row microbatches, one row per chip (with fewer rows than chips XLA
-# chooses how to lay out a microbatch, differently in each program)
+L = 4  # the policy's layers (tiny_plan_run: its widths and config)
+# The fused run (GAE: one minibatch), and the split one: experience, then update; 4-row
+# microbatches, one row per chip (with fewer rows than chips XLA chooses how to lay out a
+# microbatch, differently in each program)
 SPLIT = dict(GAE, batch_size=16, num_minibatches=2, gradient_accumulation_steps=2)
 
 
 def param_count() -> int:
-  """Qwen3 with untied embeddings (embedding and LM head) and a value head on the trunk, by
-  hand: q, k, v, o projections, the gated MLP, two norms and the q/k norms per layer."""
-  layer = D * H * DH + 2 * D * K * DH + H * DH * D + 3 * D * F + 2 * D + 2 * DH
-  return 2 * V * D + L * layer + D + (D + 1)
+  return tiny_plan_run.param_count(L)
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-  import transformers
-
   root = tmp_path_factory.mktemp("plan")
-  transformers.Qwen3Config(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
-                           num_attention_heads=H, num_key_value_heads=K, head_dim=DH,
-                           max_position_embeddings=256,
-                           tie_word_embeddings=False).save_pretrained(root / "policy")
-  config = {"policy_path": str(root / "policy"), "prompts_path": "prompts.txt",
-            "run_dir": str(root / "run"), "reward_function": "length", "ppo": GAE,
-            "mesh": {"data": 4}}
-  (root / "run.json").write_text(json.dumps(config))
+  tiny_plan_run.write_run(root, L)
   return root
 
 
@@ -209,8 +199,7 @@ RL = 2  # the reward model's layers (the policy has L): the costs extrapolate in
 def scalar_param_count(layers: int) -> int:
   """A Qwen3 `ScalarModel` (reward model or critic) by hand: the embedding, the layers, the final
   norm and the score head `[D, 1]` with its bias (no LM head)."""
-  layer = D * H * DH + 2 * D * K * DH + H * DH * D + 3 * D * F + 2 * D + 2 * DH
-  return V * D + layers * layer + D + (D + 1)
+  return V * D + layers * tiny_plan_run.layer_param_count() + D + (D + 1)
 
 
 @pytest.fixture(scope="module")

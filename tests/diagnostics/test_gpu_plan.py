@@ -1,0 +1,83 @@
+"""`jax-ppo plan` for NVIDIA GPU nodes, compiled on this CPU host by JAX's CUDA plugin: the
+devices of one and of two nodes, the plan's bytes per GPU against arithmetic, FSDP across two
+nodes, and a plan without costs (XLA's GPU compiler has no cost analysis without a GPU).
+
+Needs the CUDA plugin (the `jax_ppo[plan-gpu]` extra), which the main test environment does not
+have: `.ci/run` runs this file in the plans' virtual environment, beside the TPU plans' tests.
+"""
+
+import json
+
+import pytest
+
+from jax_ppo.diagnostics.gpu_topology import cuda_plugin_installed, gpu_devices
+
+if not cuda_plugin_installed():
+  pytest.skip("needs the jax_ppo[plan-gpu] extra (JAX's CUDA plugin); see .ci/run",
+              allow_module_level=True)
+
+from tiny_plan_run import param_count, write_run  # noqa: E402
+
+from jax_ppo import cli  # noqa: E402
+from jax_ppo.diagnostics import plan as plan_lib  # noqa: E402
+from jax_ppo.diagnostics import ppo_plan  # noqa: E402
+from jax_ppo.runs.ppo_config import load_run_config  # noqa: E402
+
+L = 2  # the policy's layers
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def run_json(tmp_path_factory):
+  return write_run(tmp_path_factory.mktemp("gpu_plan"), L)
+
+
+@pytest.fixture(scope="module")
+def replicated(run_json):
+  """The CLI's JSON for the run on one node of 4 H100s, data parallel (parameters replicated)."""
+  out = run_json.parent / "plan.json"
+  assert cli.main(["plan", str(run_json), "--topology", "h100:4", "--prompt-length", "16",
+                   "--json", str(out)]) == 0
+  return json.loads(out.read_text())
+
+
+def test_one_and_two_nodes_of_devices():
+  one, two = gpu_devices("h100:8"), gpu_devices("h200:2x8")
+  assert len(one) == 8 and {d.process_index for d in one} == {0}
+  assert one[0].device_kind == "NVIDIA H100 80GB HBM3"
+  assert len(two) == 16 and sorted({d.process_index for d in two}) == [0, 1]
+  assert two[0].device_kind == "NVIDIA H200"
+
+
+def test_replicated_plan_per_gpu(replicated, capsys):
+  assert (replicated["topology"], replicated["chip"], replicated["chips"],
+          replicated["hosts"]) == ("h100:4", "H100", 4, 1)
+  assert replicated["hbm_per_chip_bytes"] == 80 * GiB and replicated["fits"] is True
+  resident = replicated["resident_bytes_per_chip"]
+  assert resident["params"] == param_count(L) * 4  # float32 masters on every GPU
+  assert 2 * resident["params"] <= resident["optimizer"] < 2 * resident["params"] + 1024
+  assert set(replicated["programs"]) == {"generate", "experience_update"}
+  for name, p in replicated["programs"].items():
+    assert p["peak_bytes_per_chip"] == (p["argument_bytes"] + p["output_bytes"]
+                                        - p["alias_bytes"] + p["temp_bytes"]
+                                        + p["outside_bytes"]), name
+    assert p["argument_bytes"] >= resident["params"], name
+    # no cost analysis without a GPU: no FLOPs, bytes or roofline time, rather than zeros
+    assert p["flops"] is p["bytes_accessed"] is p["roofline_s"] is None, name
+  # the update takes every resident array (reference included); the sampler the policy alone
+  assert replicated["programs"]["experience_update"]["argument_bytes"] >= sum(resident.values())
+  assert replicated["programs"]["generate"]["outside_bytes"] == (resident["optimizer"]
+                                                                 + resident["reference"])
+
+
+def test_fsdp_across_two_nodes_keeps_a_quarter_per_gpu(run_json, replicated):
+  config = load_run_config([str(run_json), "mesh.data=1", "mesh.fsdp=4"])
+  plan = ppo_plan.plan_run(ppo_plan.run_shape(config, prompt_length=16), "h200:2x2")
+  assert (plan.chips, plan.hosts, plan.chip, plan.fits) == (4, 2, "H200", True)
+  assert plan.hbm_per_chip_bytes == 141 * GiB
+  rep = replicated["resident_bytes_per_chip"]
+  for part in ("params", "optimizer", "reference"):
+    # norm gains and the value head stay replicated: a little over a quarter
+    assert rep[part] / 4 <= plan.resident_bytes_per_chip[part] < 1.05 * rep[part] / 4, part
+  text = plan_lib.format_plan(plan)
+  assert "h200:2x2: 4 x H200 on 2 host(s)" in text and "fits: yes" in text
