@@ -14,7 +14,7 @@ import transformers
 from flax import nnx
 
 from jax_ppo import cli, models
-from jax_ppo.diagnostics import plan, ppo_plan, shapes, topology
+from jax_ppo.diagnostics import plan, ppo_plan, shapes
 from jax_ppo.runs.ppo_config import load_run_config
 
 PUBLISHED = {
@@ -112,7 +112,7 @@ def test_run_shape_reads_a_shape_policy_path_and_still_reads_folders(tmp_path):
 
 def test_cli_model_option_overrides_the_policy_path(tmp_path, monkeypatch, capsys):
   planned = []
-  monkeypatch.setattr(topology, "require_libtpu", lambda: None)
+  monkeypatch.setattr(plan, "require_compiler", lambda _: None)
   monkeypatch.setattr(ppo_plan, "plan_run", lambda shape, topo: planned.append((shape, topo)))
   monkeypatch.setattr(plan, "format_plan", lambda _: "the plan")
   run = _run_config(tmp_path, str(tmp_path / "no-such-folder"))
