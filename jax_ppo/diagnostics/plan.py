@@ -31,13 +31,16 @@ analysis without a GPU, so a GPU plan's programs have memory and no costs (None)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import re
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jax.sharding import Mesh
+import jax
+from jax.sharding import Mesh, NamedSharding
 
 from jax_ppo.diagnostics.advice import advise
 from jax_ppo.diagnostics.gpu_topology import gpu_devices, is_gpu_topology, require_cuda_plugin
@@ -111,11 +114,33 @@ class DoesNotFit(PlanError):
 _SIZE = re.compile(r"required for [^(]*\(([\d.]+)([KMGT])\)")
 
 
+_COMPILED: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+"""The last `_COMPILED_KEEP` programs compiled in this process, by topology, devices and
+StableHLO text: a plan that re-plans what another plan compiled (the advice's search, the
+memory and then the costs of a slice) compiles it once. JAX's persistent compilation cache
+cannot serve these: it cannot load an executable compiled for devices that are not present."""
+_COMPILED_KEEP = 16
+
+
+def _program_key(lowered, program: Program, topology: str) -> tuple:
+  meshes = {tuple(int(i) for i in leaf.sharding.mesh.device_ids.flat)
+            for leaf in jax.tree.leaves(program.args)
+            if isinstance(getattr(leaf, "sharding", None), NamedSharding)}
+  text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+  return topology, tuple(sorted(meshes)), text
+
+
 def compile_program(name: str, program: Program, *, topology: str):
-  """`program` lowered and compiled; PlanError naming the program and the topology when XLA
-  refuses it (`DoesNotFit` when for want of HBM)."""
+  """`program` lowered and compiled (once per process for the same program on the same
+  devices: `_COMPILED`); PlanError naming the program and the topology when XLA refuses it
+  (`DoesNotFit` when for want of HBM)."""
   try:
-    return program.lower(*program.args).compile()
+    lowered = program.lower(*program.args)
+    key = _program_key(lowered, program, topology)
+    if key in _COMPILED:
+      _COMPILED.move_to_end(key)
+      return _COMPILED[key]
+    compiled = lowered.compile()
   except Exception as e:
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
@@ -127,6 +152,10 @@ def compile_program(name: str, program: Program, *, topology: str):
                   int(float(size.group(1)) * 2.0 ** (10 * "KMGT".index(size.group(2)) + 10)))
       raise DoesNotFit(message, required) from e
     raise PlanError(message) from e
+  _COMPILED[key] = compiled
+  while len(_COMPILED) > _COMPILED_KEEP:
+    _COMPILED.popitem(last=False)
+  return compiled
 
 
 # ---- the plan ------------------------------------------------------------------------------

@@ -77,6 +77,31 @@ def test_a_program_that_does_not_compile_is_named_with_the_topology():
                           "'v5e:2x4': RESOURCE_EXHAUSTED: out of memory")
 
 
+def test_a_program_planned_twice_compiles_once():
+  """The advice's search and a slice's memory-then-costs plan compile the same programs again:
+  the second time is the first's executable (the same program on the same topology only)."""
+  import jax
+  import jax.numpy as jnp
+
+  compiles = []
+
+  def lower(x):
+    lowered = jax.jit(lambda a: jnp.tanh(a) @ a.T).lower(x)
+    return type("Counted", (), {"as_text": lowered.as_text,
+                                "compile": lambda _: compiles.append(1) or lowered.compile()})()
+
+  def program(rows):
+    return plan.Program(lower, (jax.ShapeDtypeStruct((rows, 8), jnp.float32),))
+
+  first = plan.compile_program("a", program(4), topology="v5e:2x4")
+  assert plan.compile_program("b", program(4), topology="v5e:2x4") is first
+  assert len(compiles) == 1
+  assert plan.compile_program("a", program(4), topology="v6e:2x4") is not first
+  assert plan.compile_program("a", program(6), topology="v5e:2x4") is not first
+  assert len(compiles) == 3
+  assert first.memory_analysis() is not None
+
+
 def test_plan_reads_every_model_and_refuses_split_placements(tmp_path):
   import dataclasses
 
