@@ -12,8 +12,9 @@ writes one JSON per cell (`--out`, the plan's JSON plus the cell's names) and pr
 `--table` prints the table from the JSON already written (no compile).
 
 The runs (all bfloat16 compute with float32 masters and moments, the default remat "dots",
-1024 prompt tokens + 1024 response tokens, 64 responses per update, one PPO epoch of one
-minibatch (the fused program), microbatches of max(16, chips) rows, FSDP over every chip):
+1024 prompt tokens + 1024 response tokens, 64 responses per update (one per chip on slices of
+more than 64 chips), one PPO epoch of one minibatch (the fused program), microbatches of
+max(16, chips) rows, FSDP over every chip):
 
 * `ppo`: PPO with a critic: the policy, its reference, a reward model and a critic of the
   policy's architecture (the critic a copy of the reward model, as `jax-ppo train` starts it);
@@ -59,6 +60,12 @@ SLICES = {
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
 
 
+def rows_for(chips: int) -> int:
+  """Responses per update: `ROWS`, or one per chip on a slice of more chips (FSDP shards the
+  rows over every chip: fewer rows than chips leave chips without one)."""
+  return max(ROWS, chips)
+
+
 def run_shape_for(model: str, run: str, chips: int):
   """The `RunShape` of one cell (module docstring) with FSDP over `chips`."""
   from jax_ppo.diagnostics.ppo_plan import RunShape
@@ -68,9 +75,10 @@ def run_shape_for(model: str, run: str, chips: int):
   from jax_ppo.ppo.config import PPOConfig, PPOSampling
 
   config = shape_config(model)
-  micro = min(ROWS, max(16, chips))
-  common = dict(batch_size=ROWS, ppo_epochs=1, num_minibatches=1,
-                gradient_accumulation_steps=ROWS // micro,
+  rows = rows_for(chips)
+  micro = min(rows, max(16, chips))
+  common = dict(batch_size=rows, ppo_epochs=1, num_minibatches=1,
+                gradient_accumulation_steps=rows // micro,
                 sampling=PPOSampling(max_new_tokens=RESPONSE))
   if run == "grpo":
     ppo = PPOConfig(advantage_mode="grpo", n_samples=8, **common)
@@ -109,7 +117,8 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
                   "compile_s": round(time.perf_counter() - start, 1)})
     if max(peaks.values()) <= hbm:
       record = {"model": model, "run": run, "generation": generation,
-                "prompt_tokens": PROMPT, "response_tokens": RESPONSE, "rows": ROWS,
+                "prompt_tokens": PROMPT, "response_tokens": RESPONSE,
+                "rows": rows_for(len(devices)),
                 "topology": topology, "chips": len(devices), "hbm_per_chip_bytes": hbm,
                 "peak_bytes_per_chip": peaks, "resident_bytes_per_chip": resident,
                 "plan": None, "tried": tried, "host": host_record(),
