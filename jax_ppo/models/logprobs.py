@@ -18,14 +18,15 @@ from __future__ import annotations
 import jax
 
 from jax_ppo import core
+from jax_ppo.parallel.rules import rows_per_device
 
 Array = jax.Array
 
 
 LOGITS_CHUNK_BYTES = 256 * 2**20
-"""Default limit on the float32 logits of one log-prob/entropy pass (256 MiB): e.g. 8 rows x 55
-steps at a 151,936-token vocabulary. Every vocabulary up to ~65k at 8 x 128 response tokens stays
-unchunked."""
+"""Default limit on the float32 logits of one log-prob/entropy pass on one device (256 MiB):
+e.g. 8 rows x 55 steps at a 151,936-token vocabulary. Every vocabulary up to ~65k at 8 x 128
+response tokens stays unchunked."""
 
 
 def logits_chunk(rows: int, steps: int, vocab: int, limit: int | None) -> int | None:
@@ -57,8 +58,9 @@ def head_logprobs(
     tokens: `[B, T]` int token ids.
     temperature: the sampling temperature (docs/rlhf_details.md item 3).
     entropy: "grad", "no_grad" (under `stop_gradient`) or None (not computed, returns None).
-    chunk_bytes: float32 logits above this many bytes are computed in chunks over `T`
-      (`logits_chunk`); None never chunks.
+    chunk_bytes: float32 logits above this many bytes per device are computed in chunks over
+      `T` (`logits_chunk` of the rows one device holds: all of them on one device, their share
+      of the batch axes under `MeshJit`); None never chunks.
 
   Returns:
     `(logprobs, entropy)`, float32 `[B, T]` each (`entropy` None when not asked for).
@@ -66,7 +68,8 @@ def head_logprobs(
   if entropy not in ("grad", "no_grad", None):
     raise ValueError(f"`entropy` must be 'grad', 'no_grad' or None, got {entropy!r}.")
   b, t = tokens.shape
-  chunk = logits_chunk(b, t, model.config.vocab_size, chunk_bytes)
+  # per device: on a mesh each device holds its share of the rows (and of their logits)
+  chunk = logits_chunk(rows_per_device(b), t, model.config.vocab_size, chunk_bytes)
   if chunk is not None:
     return core.chunked_logprobs(
         hidden, model.logits_from_hidden, tokens, temperature, chunk_size=chunk, entropy=entropy

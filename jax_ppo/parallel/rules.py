@@ -327,3 +327,17 @@ def constrain_activations(h: Any) -> Any:
     return h
   mesh = _GATHER_MESH[-1]
   return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, batch_spec(h.shape, mesh)))
+
+
+def rows_per_device(rows: int) -> int:
+  """Inside jit under `gather_layers`: how many of a batch's `rows` each device holds, split over
+  the batch axes as `batch_spec` splits them (when their sizes divide `rows`); `rows` otherwise
+  (no mesh, or rows that stay replicated). Sizes per-device work such as the LM head's chunks
+  (`jax_ppo.models.logprobs.head_logprobs`)."""
+  if not _GATHER_MESH:
+    return rows
+  mesh = _GATHER_MESH[-1]
+  total = 1
+  for a in BATCH_AXES:
+    total *= mesh.shape.get(a, 1)
+  return rows // total if rows % total == 0 else rows

@@ -85,8 +85,8 @@ class PPOSteps:
     forward: the models' forward passes (`jax_ppo.ppo.forward.PolicyForward`).
     updater: the update's functions (`jax_ppo.ppo.update.Updater`).
     logits_chunk_bytes: the most bytes of float32 logits per log-prob/entropy pass of training
-      (default 256 MiB, `models.logprobs`); larger ones are chunked over `T`, None never
-      chunks. Read when the functions are traced: set it before the first call.
+      on one device (default 256 MiB, `models.logprobs`); larger ones are chunked over `T`,
+      None never chunks. Read when the functions are traced: set it before the first call.
   """
 
   logits_chunk_bytes: int | None = LOGITS_CHUNK_BYTES

@@ -133,9 +133,9 @@ class SFTSteps:
   (global) batch.
 
   Attributes:
-    logits_chunk_bytes: the most bytes of float32 logits per log-prob pass (default 256 MiB,
-      `jax_ppo.models.logprobs.LOGITS_CHUNK_BYTES`); larger ones are chunked over `L`,
-      None never chunks. Read when the functions are traced: set it before the first call.
+    logits_chunk_bytes: the most bytes of float32 logits per log-prob pass on one device
+      (default 256 MiB, `jax_ppo.models.logprobs.LOGITS_CHUNK_BYTES`); larger ones are chunked
+      over `L`, None never chunks. Read when the functions are traced: set it before the first call.
   """
 
   logits_chunk_bytes: int | None = LOGITS_CHUNK_BYTES

@@ -33,6 +33,25 @@ def test_logits_chunk_rule():
   assert logits_chunk(4, 10, 100, 1) == 1  # never below one step
 
 
+def test_chunks_are_sized_by_the_rows_of_one_device():
+  """On a mesh each device holds its share of the rows: 8 rows over data x fsdp = 4 are 2 per
+  device, whose whole logits fit a limit that the 8 rows' would not (no chunk loop traced)."""
+  from jax.sharding import AbstractMesh
+
+  from jax_ppo.parallel.rules import gather_layers
+
+  model = _model()
+  v = model.config.vocab_size
+  hidden = jnp.zeros((8, 6, model.config.hidden_size))
+  tokens = jnp.zeros((8, 6), jnp.int32)
+  limit = 2 * 6 * v * 4  # two rows' logits
+  trace = lambda: str(jax.make_jaxpr(  # noqa: E731
+      lambda h: head_logprobs(model, h, tokens, 1.0, chunk_bytes=limit))(hidden))
+  assert logits_chunk(8, 6, v, limit) == 1 and "scan" in trace()  # one device: chunked
+  with gather_layers(AbstractMesh((2, 2, 1), ("data", "fsdp", "tensor"))):
+    assert "scan" not in trace()  # 2 rows per device: whole
+
+
 def test_head_logprobs_chunked_equals_whole_with_gradients():
   model = _model()
   config = model.config

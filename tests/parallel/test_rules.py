@@ -99,3 +99,14 @@ def test_batch_spec_splits_rows_over_data_and_fsdp():
   assert batch_spec((6, 5), MESH) == PartitionSpec(None, None)  # 6 rows do not split 4 ways
   assert batch_spec((), MESH) == PartitionSpec()
   assert batch_spec(jnp.zeros((4,)).shape, MESH) == PartitionSpec(("data", "fsdp"))
+
+
+def test_rows_per_device_follow_the_batch_split():
+  from jax_ppo.parallel.rules import gather_layers, rows_per_device
+
+  assert rows_per_device(8) == 8  # no mesh: one device holds every row
+  with gather_layers(MESH):
+    assert rows_per_device(8) == 2  # split over data x fsdp = 4, as batch_spec splits them
+    assert rows_per_device(6) == 6  # 6 rows do not split 4 ways: replicated
+  with gather_layers(AbstractMesh((1, 8, 1), ("data", "fsdp", "tensor"))):
+    assert rows_per_device(64) == 8
