@@ -6,7 +6,8 @@ logits it projects the whole `[B, T, D]` hidden states to `[B, T, V]` logits at 
 path at small vocabularies); above it, `jax_ppo.core.chunked_logprobs` projects and reduces
 `T`-chunk by `T`-chunk, so neither the forward nor the backward pass holds the whole logits
 (at Qwen's 151,936-token vocabulary 8 x 1024 float32 logits take 5 GB, a chunk of 55 steps
-256 MiB). Same numbers either way (tests/models/test_logprobs.py).
+256 MiB; the chunks are made even, `logits_chunk`). Same numbers either way
+(tests/models/test_logprobs.py).
 
 The teacher-forced pass over prompt + response that scores a rollout's responses (old,
 reference, new and evaluation log-probs) is `jax_ppo.ppo.forward.response_logprobs`, which
@@ -33,12 +34,17 @@ def logits_chunk(rows: int, steps: int, vocab: int, limit: int | None) -> int | 
   """Steps per chunk for `rows x steps` tokens over `vocab` entries, or None (no chunking).
 
   None when `limit` is None or the whole float32 logits `rows * steps * vocab * 4` bytes fit in
-  `limit`; otherwise the most steps whose logits fit (at least 1).
+  `limit`. Otherwise the fewest chunks whose logits fit, as even as they can be: with `m` the
+  most steps that fit (at least 1), `n = ceil(steps / m)` chunks of `ceil(steps / n)` steps, so
+  the padded last chunk computes fewer than `n` extra steps (512 steps at Qwen's vocabulary, 8
+  rows: 10 chunks of 52, 520 steps computed; chunks of the most, 55, would compute 550).
   """
   row_bytes = rows * vocab * 4
   if limit is None or steps * row_bytes <= limit:
     return None
-  return max(1, min(steps, limit // row_bytes))
+  most = max(1, min(steps, limit // row_bytes))
+  chunks = -(-steps // most)
+  return -(-steps // chunks)
 
 
 def head_logprobs(

@@ -28,7 +28,13 @@ def _model():
 def test_logits_chunk_rule():
   assert logits_chunk(8, 48, 2048, LOGITS_CHUNK_BYTES) is None  # the tiny/base benchmarks
   assert logits_chunk(8, 128, 65_536, LOGITS_CHUNK_BYTES) is None
-  assert logits_chunk(8, 512, 151_936, LOGITS_CHUNK_BYTES) == 55  # Qwen: 256 MiB chunks
+  # Qwen: at most 55 steps' logits fit 256 MiB; 512 steps as 10 even chunks of 52, not 55
+  assert logits_chunk(8, 512, 151_936, LOGITS_CHUNK_BYTES) == 52
+  assert logits_chunk(8, 550, 151_936, LOGITS_CHUNK_BYTES) == 55  # 10 x 55 exactly
+  for steps in range(56, 600, 7):  # fewest chunks that fit, and they waste < one step each
+    chunk = logits_chunk(8, steps, 151_936, LOGITS_CHUNK_BYTES)
+    n = -(-steps // chunk)
+    assert chunk <= 55 and n == -(-steps // 55) and n * chunk - steps < n
   assert logits_chunk(8, 512, 151_936, None) is None
   assert logits_chunk(4, 10, 100, 1) == 1  # never below one step
 
@@ -68,7 +74,7 @@ def test_head_logprobs_chunked_equals_whole_with_gradients():
   run = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
   (_, want), want_g = run(params, None)
   one_step = 3 * config.vocab_size * 4
-  assert logits_chunk(3, 9, config.vocab_size, 4 * one_step) == 4
+  assert logits_chunk(3, 9, config.vocab_size, 4 * one_step) == 3  # 3 even chunks, not 4 + 4 + 1
   (_, got), got_g = run(params, 4 * one_step)
   _close(got, want, "log-probs and entropies", rtol=1e-6)
   _close(got_g, want_g, "gradients")
