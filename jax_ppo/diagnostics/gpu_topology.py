@@ -17,7 +17,6 @@ devices, and keeps to the CPU.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import os
 import re
@@ -154,7 +153,9 @@ def gpu_devices(topology: str) -> list:
   try:
     return list(describe())
   except NotImplementedError:  # the plugin refused to start when JAX looked for devices
-    importlib.import_module(PLUGIN).initialize()
+    from jax_plugins import xla_cuda12  # PLUGIN (installed: require_cuda_plugin above)
+
+    xla_cuda12.initialize()
     return list(describe())
 
 
