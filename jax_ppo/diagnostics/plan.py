@@ -341,15 +341,15 @@ def shape_peaks(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: s
 
 
 def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: str, *,
-                  devices: list, costs: Callable[[Any, Mesh], Mapping[str, Cost]] | None,
+                  devices: list, costs: Callable[[Any, Mesh], Mapping[str, Cost]],
                   advice: bool) -> Plan:
   """The plan of the run `shape` on the slice: its programs (`programs_of(shape, mesh)`, as in
   `shape_peaks`) compiled and reported per chip (`compile_plan`), with `costs(programs, mesh)`,
-  their loop-corrected costs, once every program has compiled (None: no costs, as on GPUs,
-  where XLA has no cost analysis without a GPU). With `advice`, when the run does
-  not fit, the changes that make it fit (`jax_ppo.diagnostics.advice.advise`, re-planning each
-  candidate's memory with `shape_peaks`) go into the plan, or into the `DoesNotFit` error when
-  XLA refuses a program for want of HBM."""
+  their loop-corrected costs, once every program has compiled (never on GPUs, where XLA has
+  no cost analysis without a GPU: the plan's programs have no costs). With `advice`, when the
+  run does not fit, the changes that make it fit (`jax_ppo.diagnostics.advice.advise`,
+  re-planning each candidate's memory with `shape_peaks`) go into the plan, or into the
+  `DoesNotFit` error when XLA refuses a program for want of HBM."""
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   run = programs_of(shape, mesh)
 
@@ -358,8 +358,9 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
                   peaks_of=lambda s: shape_peaks(programs_of, s, topology, devices=devices))
 
   try:
-    plan = compile_plan(run.programs(), costs and (lambda: costs(run, mesh)), topology=topology,
-                        devices=devices, mesh=mesh, dtype=shape.dtype,
+    no_costs = is_gpu_topology(topology)
+    plan = compile_plan(run.programs(), None if no_costs else (lambda: costs(run, mesh)),
+                        topology=topology, devices=devices, mesh=mesh, dtype=shape.dtype,
                         resident_bytes=run.resident_bytes)
   except DoesNotFit as e:
     if not advice:

@@ -44,7 +44,6 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import Knobs
-from jax_ppo.diagnostics.gpu_topology import is_gpu_topology
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
@@ -540,8 +539,7 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
     return loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
                           max_new_tokens=run.sampling.max_new_tokens)
 
-  return plan_programs(RunPrograms, shape, topology, devices=devices,
-                       costs=None if is_gpu_topology(topology) else costs,
+  return plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
                        advice=advice)
 
 

@@ -44,7 +44,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jax_ppo.diagnostics.advice import Knobs
-from jax_ppo.diagnostics.gpu_topology import is_gpu_topology
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
@@ -301,8 +300,7 @@ def plan_stage(shape: StageShape, topology: str, *, devices: list | None = None,
     return loop_corrected(layer_costs(shape, mesh, topology=topology),
                           accumulation_steps=shape.config.gradient_accumulation_steps)
 
-  return plan_programs(StagePrograms, shape, topology, devices=devices,
-                       costs=None if is_gpu_topology(topology) else costs,
+  return plan_programs(StagePrograms, shape, topology, devices=devices, costs=costs,
                        advice=advice)
 
 
