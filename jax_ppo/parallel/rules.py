@@ -337,7 +337,9 @@ def rows_per_device(rows: int) -> int:
   if not _GATHER_MESH:
     return rows
   mesh = _GATHER_MESH[-1]
+  (split,) = batch_spec((rows,), mesh)  # the split the batch gets: the rule in one place
+  axes = () if split is None else (split,) if isinstance(split, str) else split
   total = 1
-  for a in BATCH_AXES:
-    total *= mesh.shape.get(a, 1)
-  return rows // total if rows % total == 0 else rows
+  for a in axes:
+    total *= mesh.shape[a]
+  return rows // total
