@@ -44,6 +44,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_ppo.diagnostics.advice import advise
 from jax_ppo.diagnostics.gpu_topology import gpu_devices, is_gpu_topology, require_cuda_plugin
+from jax_ppo.diagnostics.memory import shard_bytes
 from jax_ppo.diagnostics.topology import PlanError, require_libtpu, slice_mesh, tpu_devices
 from jax_ppo.models import ModelConfig
 from jax_ppo.parallel.chips import Chip, chip_for, roofline_seconds
@@ -102,13 +103,16 @@ class DoesNotFit(PlanError):
   """XLA refused a program for want of HBM (RESOURCE_EXHAUSTED): it does not fit one chip.
 
   Attributes:
-    required_bytes: what XLA said the program needs (its temporaries, or its total), when the
-      message gives it; None otherwise.
+    required_bytes: what XLA said the program needs, when the message gives it; None otherwise.
+    temporaries_only: whether that figure is the program's temporaries alone (TPU: "the total
+      memory required for HLO temporaries"), without its arguments.
   """
 
-  def __init__(self, message: str, required_bytes: int | None = None):
+  def __init__(self, message: str, required_bytes: int | None = None, *,
+               temporaries_only: bool = False):
     super().__init__(message)
     self.required_bytes = required_bytes
+    self.temporaries_only = temporaries_only
 
 
 _SIZE = re.compile(r"required for [^(]*\(([\d.]+)([KMGT])\)")
@@ -150,7 +154,8 @@ def compile_program(name: str, program: Program, *, topology: str):
       size = _SIZE.search(text)
       required = (None if size is None else
                   int(float(size.group(1)) * 2.0 ** (10 * "KMGT".index(size.group(2)) + 10)))
-      raise DoesNotFit(message, required) from e
+      raise DoesNotFit(message, required,
+                       temporaries_only=size is not None and "temporaries" in size.group(0)) from e
     raise PlanError(message) from e
   _COMPILED[key] = compiled
   while len(_COMPILED) > _COMPILED_KEEP:
@@ -317,17 +322,36 @@ def plan_chip(devices: list, topology: str) -> Chip:
 
 def program_peaks(programs: Mapping[str, Program], *, topology: str) -> dict[str, int]:
   """Per-chip peak bytes of each program (compiled for `topology`; `peak_bytes`), without costs.
-  A program XLA refuses for want of HBM gets what XLA said it needs (more than the chip has) or
-  `sys.maxsize`."""
+
+  A program XLA refuses for want of HBM gets a lower bound on its peak (more than the chip has):
+  what XLA said it needs, plus its arguments when that figure is its temporaries alone, plus the
+  resident arrays it does not take (`refused_peak`); `sys.maxsize` when XLA gave no figure.
+  """
   peaks = {}
   for name, program in programs.items():
     try:
       compiled = compile_program(name, program, topology=topology)
     except DoesNotFit as e:
-      peaks[name] = e.required_bytes or sys.maxsize
+      peaks[name] = refused_peak(e, program)
       continue
     peaks[name] = peak_bytes(compiled.memory_analysis(), program.outside_bytes)
   return peaks
+
+
+def refused_peak(error: DoesNotFit, program: Program) -> int:
+  """A lower bound on the per-chip peak of `program`, which XLA refused with `error`:
+  `required + outside`, plus the arguments' per-chip bytes when `required` counts the
+  temporaries alone (the outputs the program would not alias are not known without a compile);
+  `sys.maxsize` when XLA's message gave no figure.
+
+  XLA's figure is the temporaries of the schedule it gave up on, after its memory-saving passes
+  tried to fit the chip, not the program's peak with HBM to spare: two slices' refusals do not
+  compare (docs/accelerators.md, the planning table).
+  """
+  if error.required_bytes is None:
+    return sys.maxsize
+  arguments = shard_bytes(program.args) if error.temporaries_only else 0
+  return error.required_bytes + arguments + program.outside_bytes
 
 
 def shape_peaks(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology: str, *,
@@ -368,7 +392,7 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
     found = advised()
     fix = ("; it fits with " + " ".join(found[0].change) if found and found[0].fits else
            "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
-    raise DoesNotFit(str(e) + fix, e.required_bytes) from e
+    raise DoesNotFit(str(e) + fix, e.required_bytes, temporaries_only=e.temporaries_only) from e
   if advice and not plan.fits:
     plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in advised()))
   return plan
@@ -439,6 +463,7 @@ __all__ = [
     "plan_chip",
     "plan_programs",
     "program_peaks",
+    "refused_peak",
     "require_compiler",
     "shape_peaks",
     "topology_devices",

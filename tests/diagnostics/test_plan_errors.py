@@ -5,7 +5,10 @@ compile, a config of another stage), the datasheet table and the loop-trip arith
 
 import json
 import pathlib
+import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 from jax.experimental import topologies
 
@@ -267,5 +270,26 @@ def test_out_of_memory_is_does_not_fit_with_what_xla_asked_for():
 
   with pytest.raises(plan.DoesNotFit) as e:
     plan.compile_program("update", plan.Program(refuse, ()), topology="v5p:2x2x1")
-  assert e.value.required_bytes == int(134.16 * 2**30)
+  assert e.value.required_bytes == int(134.16 * 2**30) and e.value.temporaries_only
   assert str(e.value).startswith("program 'update' does not compile for TPU topology 'v5p:2x2x1'")
+
+
+@pytest.mark.parametrize("message, expected", [
+    # XLA's figure counts the temporaries alone: the arguments (4 KiB per chip) and the resident
+    # arrays the program does not take (100 bytes) come on top.
+    ("the total memory required for HLO temporaries (16.19G) exceeds available HBM (15.75G).",
+     int(16.19 * 2**30) + 4096 + 100),
+    # A figure that is not the temporaries': only the resident arrays come on top.
+    ("the total memory required for the program (20.5G) exceeds available HBM (15.75G).",
+     int(20.5 * 2**30) + 100),
+    ("RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm.", sys.maxsize),
+])
+def test_a_refused_program_peaks_at_least_what_xla_asked_for_and_its_arguments(message, expected):
+  def refuse(*_):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM, " + message)
+
+  mesh = jax.sharding.Mesh(jax.devices()[:1], ("fsdp",))
+  sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  arg = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=sharding)
+  program = plan.Program(refuse, (arg,), outside_bytes=100)
+  assert plan.program_peaks({"update": program}, topology="v5e:8x8") == {"update": expected}
