@@ -14,7 +14,10 @@ writes one JSON per cell (`--out`, the plan's JSON plus the cell's names) and pr
 The runs (all bfloat16 compute with float32 masters and moments, the default remat "dots",
 1024 prompt tokens + 1024 response tokens, 64 responses per update (one per chip on slices of
 more than 64 chips), one PPO epoch of one minibatch (the fused program), microbatches of
-max(16, chips) rows, FSDP over every chip):
+max(16, chips) rows, FSDP over every chip). A slice whose resident arrays fit but whose
+programs do not with the default remat is tried again with full remat (`FALLBACK_REMAT`: every
+layer recomputed in the backward pass, no activations saved but the layers' inputs), and the
+cell names it when that is what fits:
 
 * `ppo`: PPO with a critic: the policy, its reference, a reward model and a critic of the
   policy's architecture (the critic a copy of the reward model, as `jax-ppo train` starts it);
@@ -38,6 +41,7 @@ that are not present (every program here).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -58,6 +62,8 @@ SLICES = {
     "h200": ("h200:1", "h200:2", "h200:4", "h200:8", "h200:2x8", "h200:4x8", "h200:8x8"),
 }
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
+FALLBACK_REMAT = "full"
+"""The remat policy a slice is tried with when its programs do not fit with the default's."""
 
 
 def rows_for(chips: int) -> int:
@@ -111,14 +117,19 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
     if resident > hbm:
       tried.append({"topology": topology, "resident_bytes_per_chip": resident})
       continue
-    start = time.perf_counter()
-    peaks = ppo_plan.memory_peaks(shape, topology, devices=devices)
-    tried.append({"topology": topology, "peak_bytes_per_chip": max(peaks.values()),
-                  "compile_s": round(time.perf_counter() - start, 1)})
+    for remat in dict.fromkeys((shape.remat, FALLBACK_REMAT)):
+      shape = dataclasses.replace(shape, remat=remat)
+      start = time.perf_counter()
+      peaks = ppo_plan.memory_peaks(shape, topology, devices=devices)
+      tried.append({"topology": topology, "remat": remat,
+                    "peak_bytes_per_chip": max(peaks.values()),
+                    "compile_s": round(time.perf_counter() - start, 1)})
+      if max(peaks.values()) <= hbm:
+        break
     if max(peaks.values()) <= hbm:
       record = {"model": model, "run": run, "generation": generation,
                 "prompt_tokens": PROMPT, "response_tokens": RESPONSE,
-                "rows": rows_for(len(devices)),
+                "rows": rows_for(len(devices)), "remat": shape.remat,
                 "topology": topology, "chips": len(devices), "hbm_per_chip_bytes": hbm,
                 "peak_bytes_per_chip": peaks, "resident_bytes_per_chip": resident,
                 "plan": None, "tried": tried, "host": host_record(),
@@ -137,31 +148,50 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
   return record
 
 
-def table(records: list[dict]) -> str:
-  """Markdown: one row per model and run, per generation the slice, its peak HBM per chip and
-  the roofline time per update."""
+RUN_LABELS = {
+    "ppo": "ppo (policy, reference, reward model, critic)",
+    "grpo": "grpo (policy, reference, reward function)",
+    "lora-ppo": "lora-ppo (rank-16 adapters, value head, reward model)",
+}
+
+
+def cell_text(record: dict | None) -> str:
+  """One cell of the table: the smallest slice that fits, its chips, its peak HBM per chip of
+  the chip's HBM, and its roofline time per update when the cell was planned with costs; "none
+  up to" the largest slice tried; "not planned"."""
+  from jax_ppo.models import DEFAULT_REMAT
+
   gib = 2.0**30
+  if record is None:
+    return "not planned"
+  if record["topology"] is None:
+    return f"none up to {record['tried'][-1]['topology']}"
+  peak = max(record["peak_bytes_per_chip"].values()) / gib
+  text = (f"{record['topology']} ({record['chips']} chips), "
+          f"{peak:.1f} of {record['hbm_per_chip_bytes'] / gib:.0f}")
+  if record.get("remat", DEFAULT_REMAT) != DEFAULT_REMAT:
+    text += f" with remat={record['remat']}"
+  times = ([] if record["plan"] is None else
+           [x["roofline_s"] for x in record["plan"]["programs"].values()])
+  if times and None not in times:
+    text += f", {sum(times):.2f} s"
+  return text
+
+
+def table(records: list[dict]) -> str:
+  """Markdown, as docs/accelerators.md shows it: one row per model and run planned, per TPU
+  generation or GPU part planned the cell (`cell_text`: slice, peak GiB per chip of the chip's
+  HBM, roofline seconds per update where planned with costs)."""
   gens = [g for g in SLICES if any(r["generation"] == g for r in records)]
-  head = "| model | run | " + " | ".join(f"{g}: slice, peak GiB/chip, roofline s" for g in gens)
+  head = "| model | run | " + " | ".join(
+      f"{g}: slice, peak GiB per chip, roofline per update" for g in gens)
   lines = [head + " |", "|---|---|" + "---|" * len(gens)]
   cells = {(r["model"], r["run"], r["generation"]): r for r in records}
-  for model in dict.fromkeys(r["model"] for r in records):
-    for run in dict.fromkeys(r["run"] for r in records):
-      row = []
-      for g in gens:
-        r = cells.get((model, run, g))
-        if r is None:
-          row.append("not planned")
-        elif r["topology"] is None:
-          row.append(f"none up to {r['tried'][-1]['topology']}")
-        else:
-          peak = max(r["peak_bytes_per_chip"].values())
-          times = ([] if r["plan"] is None else
-                   [x["roofline_s"] for x in r["plan"]["programs"].values()])
-          roof = "-" if not times or None in times else f"{sum(times):.2f}"
-          row.append(f"{r['topology']} ({r['chips']} chips), {peak / gib:.1f}, {roof}")
+  for model in MODELS:
+    for run in RUNS:
+      row = [cell_text(cells.get((model, run, g))) for g in gens]
       if any(c != "not planned" for c in row):
-        lines.append(f"| {model} | {run} | " + " | ".join(row) + " |")
+        lines.append(f"| {model} | {RUN_LABELS[run]} | " + " | ".join(row) + " |")
   return "\n".join(lines)
 
 

@@ -1,0 +1,109 @@
+"""experiments/benchmarks/tpu_planning_table.py: the walk over a generation's slices (with the
+plans stubbed: the real compiles need libtpu and hours), the cells' text, and the table of
+docs/accelerators.md, which must be the script's table of the committed records."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import types
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "experiments" / "benchmarks" / "tpu_planning_table.py"
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def script():
+  spec = importlib.util.spec_from_file_location("tpu_planning_table", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _chips(topology: str) -> int:
+  return math.prod(int(n) for n in topology.split(":")[1].split("x"))
+
+
+@pytest.fixture
+def stub_plans(monkeypatch):
+  """16 GiB chips; resident bytes 48 GiB over the chips; every program's peak 4 GiB plus 160 GiB
+  over the chips with the default remat (4x4: 14 GiB fits; 2x4: 24 GiB does not), 1 GiB less
+  with full remat. Records the slices and remat policies compiled."""
+  from jax_ppo.diagnostics import plan, ppo_plan, topology
+
+  compiled = []
+
+  class Programs:
+    def __init__(self, shape, mesh):
+      self.resident_bytes = {"params": 48 * GIB // mesh}
+
+  def peaks(shape, topology_name, *, devices):
+    compiled.append((topology_name, shape.remat))
+    saved = GIB if shape.remat == "full" else 0
+    return {"generate": GIB, "experience_update": 4 * GIB + 160 * GIB // len(devices) - saved}
+
+  monkeypatch.setattr(plan, "topology_devices", lambda t: list(range(_chips(t))))
+  monkeypatch.setattr(plan, "plan_chip", lambda devices, t: types.SimpleNamespace(
+      hbm_bytes=16 * GIB))
+  monkeypatch.setattr(topology, "slice_mesh", lambda devices, mesh, topology: len(devices))
+  monkeypatch.setattr(ppo_plan, "RunPrograms", Programs)
+  monkeypatch.setattr(ppo_plan, "memory_peaks", peaks)
+  return compiled
+
+
+def test_the_walk_skips_what_cannot_hold_its_arrays_and_stops_at_the_first_fit(
+    script, stub_plans, tmp_path):
+  record = script.plan_cell("qwen3-0.6b", "ppo", "v5e", tmp_path, costs=False)
+  # 2x2 (4 chips): 12 GiB resident, compiled: 44 GiB peak (43 with full remat); 2x4: 6 GiB
+  # resident, 24 GiB peak (23); 4x4: 14 GiB with the default remat, fits; nothing larger is
+  # compiled.
+  assert stub_plans == [("v5e:2x2", "dots"), ("v5e:2x2", "full"), ("v5e:2x4", "dots"),
+                        ("v5e:2x4", "full"), ("v5e:4x4", "dots")]
+  assert record["topology"] == "v5e:4x4" and record["chips"] == 16 and record["plan"] is None
+  assert record["remat"] == "dots"
+  assert [t["topology"] for t in record["tried"]] == [t for t, _ in stub_plans]
+  assert record["tried"][2]["peak_bytes_per_chip"] == 24 * GIB
+  assert record["rows"] == 64 and record["resident_bytes_per_chip"] == 3 * GIB
+  assert json.loads((tmp_path / "qwen3-0.6b_ppo_v5e.json").read_text()) == record
+  assert script.cell_text(record) == "v5e:4x4 (16 chips), 14.0 of 16"
+
+
+def test_a_slice_that_fits_with_full_remat_only_is_the_cell_and_says_so(script, stub_plans,
+                                                                        monkeypatch, tmp_path):
+  from jax_ppo.diagnostics import plan
+
+  monkeypatch.setattr(plan, "plan_chip",
+                      lambda devices, t: types.SimpleNamespace(hbm_bytes=6 * GIB))
+  record = script.plan_cell("qwen3-0.6b", "ppo", "v5e", tmp_path, costs=False)
+  # 6 GiB chips: 4x8 (32 chips) peaks at 9 GiB, 8 with full remat; 8x8 (64 chips) at 6.5, 5.5
+  # with full remat: fits.
+  assert stub_plans[-2:] == [("v5e:8x8", "dots"), ("v5e:8x8", "full")]
+  assert record["topology"] == "v5e:8x8" and record["remat"] == "full"
+  assert max(record["peak_bytes_per_chip"].values()) == 5.5 * GIB
+  assert script.cell_text(record) == "v5e:8x8 (64 chips), 5.5 of 6 with remat=full"
+
+
+def test_a_generation_without_a_fit_says_how_far_it_was_tried(script, stub_plans, monkeypatch,
+                                                             tmp_path):
+  from jax_ppo.diagnostics import ppo_plan
+
+  monkeypatch.setattr(ppo_plan, "memory_peaks", lambda *a, devices: {"update": 17 * GIB})
+  record = script.plan_cell("qwen3-8b", "grpo", "v6e", tmp_path, costs=False)
+  assert record["topology"] is None and record["tried"][-1]["topology"] == "v6e:16x16"
+  assert script.cell_text(record) == "none up to v6e:16x16"
+  assert script.cell_text(None) == "not planned"
+
+
+def test_a_cell_with_costs_shows_the_roofline_time_per_update(script):
+  record = {"topology": "v5p:2x2x1", "chips": 4, "hbm_per_chip_bytes": 95 * GIB,
+            "peak_bytes_per_chip": {"generate": 10 * GIB, "experience_update": 28.7 * GIB},
+            "plan": {"programs": {"generate": {"roofline_s": 0.25},
+                                  "experience_update": {"roofline_s": 0.5}}}}
+  assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95, 0.75 s"
+  # GPU cells have no costs: memory only.
+  record["plan"]["programs"]["generate"]["roofline_s"] = None
+  assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95"
+
