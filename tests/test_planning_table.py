@@ -107,3 +107,9 @@ def test_a_cell_with_costs_shows_the_roofline_time_per_update(script):
   record["plan"]["programs"]["generate"]["roofline_s"] = None
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95"
 
+
+def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):
+  records = [json.loads(p.read_text()) for p in sorted(script.RESULTS.glob("*.json"))]
+  assert records, "no planning records committed"
+  docs = (ROOT / "docs" / "accelerators.md").read_text()
+  assert script.table(records) in docs
