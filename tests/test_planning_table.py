@@ -113,3 +113,21 @@ def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):
   assert records, "no planning records committed"
   docs = (ROOT / "docs" / "accelerators.md").read_text()
   assert script.table(records) in docs
+
+
+def test_the_program_memory_table_shows_bytes_and_refusals():
+  spec = importlib.util.spec_from_file_location(
+      "program_memory", SCRIPT.parent / "program_memory.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  compiled = {"argument_bytes": 4 * GIB, "output_bytes": 3 * GIB, "alias_bytes": 3 * GIB,
+              "temp_bytes": 5 * GIB, "outside_bytes": 0, "peak_bytes_per_chip": 9 * GIB}
+  refused = {"refused": "program 'update' does not compile", "required_bytes": int(16.19 * GIB),
+             "temporaries_only": True}
+  text = module.table([{"topology": "v5e:8x8", "rows": 64, "remat": "full",
+                        "programs": {"update": compiled}},
+                       {"topology": "v5e:8x8", "rows": 64, "remat": "dots",
+                        "programs": {"update": refused}}])
+  lines = text.splitlines()
+  assert lines[2] == "| v5e:8x8 | 64 | full | update | 4.00 | 0.00 | 5.00 | 0.00 | 9.00 |"
+  assert lines[3].startswith("| v5e:8x8 | 64 | dots | update | refused: needs 16.19 (temporaries)")
