@@ -40,7 +40,7 @@ def program_memory(model: str, run: str, topology: str, *, remat: str | None = N
   """The run's rows, its resident bytes per chip and, per program, XLA's memory analysis (or
   its refusal) on `topology`."""
   from jax_ppo.diagnostics import ppo_plan
-  from jax_ppo.diagnostics.plan import DoesNotFit, compile_program, topology_devices
+  from jax_ppo.diagnostics.plan import DoesNotFit, compile_program, peak_bytes, topology_devices
   from jax_ppo.diagnostics.topology import slice_mesh
 
   devices = topology_devices(topology)
@@ -69,9 +69,7 @@ def program_memory(model: str, run: str, topology: str, *, remat: str | None = N
              "alias_bytes": int(memory.alias_size_in_bytes),
              "temp_bytes": int(memory.temp_size_in_bytes),
              "outside_bytes": int(program.outside_bytes)}
-    entry["peak_bytes_per_chip"] = (entry["argument_bytes"] + entry["output_bytes"]
-                                    - entry["alias_bytes"] + entry["temp_bytes"]
-                                    + entry["outside_bytes"])
+    entry["peak_bytes_per_chip"] = peak_bytes(memory, program.outside_bytes)
     entry["compile_s"] = round(time.perf_counter() - start, 1)
     result["programs"][name] = entry
   return result
