@@ -125,6 +125,38 @@ def test_skypilot_task_is_valid():
     assert f"distributed.{key}=" in task["run"]
 
 
+def test_skypilot_run_folder_is_a_bucket_every_node_mounts():
+  """The default run folder lies in the bucket that `file_mounts` mounts on every node (the
+  run's start check needs one folder all processes see: `check_shared_folder`); the bucket's
+  name is a required env (null: SkyPilot refuses to launch without `--env RUNS_BUCKET=...`)."""
+  task = yaml.safe_load((TPU / "skypilot.yaml").read_text())
+  assert "RUNS_BUCKET" in task["envs"] and task["envs"]["RUNS_BUCKET"] is None
+  mounts = {path: spec for path, spec in task["file_mounts"].items()
+            if isinstance(spec, dict) and spec.get("name") == "${RUNS_BUCKET}"}
+  assert len(mounts) == 1
+  ((mount, spec),) = mounts.items()
+  assert spec["mode"] == "MOUNT"  # written through, not a per-node cache (MOUNT_CACHED, COPY)
+  run_dir = pathlib.PurePosixPath(task["envs"]["RUN_DIR"])
+  assert run_dir.is_relative_to(mount) and run_dir != pathlib.PurePosixPath(mount)
+
+
+def test_skypilot_parses_the_task():
+  """SkyPilot's own parser (where SkyPilot is installed): without RUNS_BUCKET it refuses,
+  naming it; with it, the bucket is mounted at the run folder's parent on every node."""
+  sky = pytest.importorskip("sky")
+
+  def config():  # a fresh dict each time: SkyPilot pops the keys it reads
+    return yaml.safe_load((TPU / "skypilot.yaml").read_text())
+
+  with pytest.raises(ValueError, match="RUNS_BUCKET"):
+    sky.Task.from_yaml_config(config())
+  task = sky.Task.from_yaml_config(config(), env_overrides=[("RUNS_BUCKET", "my-ppo-runs")])
+  assert task.num_nodes == config()["num_nodes"]
+  ((mount, storage),) = task.storage_mounts.items()
+  assert storage.name == "my-ppo-runs" and storage.mode.value == "MOUNT"
+  assert pathlib.PurePosixPath(task.envs["RUN_DIR"]).is_relative_to(mount)
+
+
 STUB = """#!/usr/bin/env bash
 printf '%s\\0' "$@" > "${HOME}/argv"
 printf '%s' "${JAX_PPO_DISTRIBUTED:-}" > "${HOME}/distributed_flag"
@@ -149,12 +181,14 @@ def skypilot_run(tmp_path: pathlib.Path, *, nodes: int, rank: int, tpu: bool = F
   stub.parent.mkdir(parents=True)
   stub.write_text(STUB)
   stub.chmod(0o755)
-  env = {"PATH": "/usr/bin:/bin", "HOME": str(home), **task["envs"], **envs,
+  given = {"RUNS_BUCKET": "my-ppo-runs"}  # what `sky launch --env` must name (null in the YAML)
+  env = {"PATH": "/usr/bin:/bin", "HOME": str(home),
+         **{k: v for k, v in task["envs"].items() if v is not None}, **given, **envs,
          "SKYPILOT_NUM_NODES": str(nodes), "SKYPILOT_NODE_RANK": str(rank),
          "SKYPILOT_NODE_IPS": "\n".join(IPS[:nodes])}
   subprocess.run(["bash", "-c", script], cwd=TPU.parent, env=env, check=True, timeout=30)
   argv = (home / "argv").read_text().split("\0")[:-1]
-  environ = {k: str(v) for k, v in task["envs"].items()}
+  environ = {k: str(v) for k, v in {**task["envs"], **given, **envs}.items()}
   flag = (home / "distributed_flag").read_text()
   if flag:
     environ["JAX_PPO_DISTRIBUTED"] = flag
