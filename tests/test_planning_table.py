@@ -108,6 +108,30 @@ def test_a_cell_with_costs_shows_the_roofline_time_per_update(script):
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95"
 
 
+def test_costs_are_added_to_a_memory_only_cell_at_its_own_slice_and_remat(
+    script, stub_plans, monkeypatch, tmp_path):
+  from jax_ppo.diagnostics import ppo_plan
+
+  planned = []
+
+  def plan_run(shape, topology_name, *, devices, advice):
+    planned.append((topology_name, shape.remat, shape.ppo.batch_size, len(devices)))
+    return types.SimpleNamespace(to_json=lambda: {"programs": {
+        "generate": {"roofline_s": 1.25}, "experience_update": {"roofline_s": 0.5}}})
+
+  monkeypatch.setattr(ppo_plan, "plan_run", plan_run)
+  record = script.plan_cell("qwen3-0.6b", "ppo", "v5e", tmp_path, costs=False)
+  assert record["plan"] is None and not planned
+  with_costs = script.add_costs(record, tmp_path)
+  assert planned == [("v5e:4x4", "dots", 64, 16)]  # the cell's slice and remat; no walk
+  assert script.cell_text(with_costs) == "v5e:4x4 (16 chips), 14.0 of 16, 1.75 s"
+  written = json.loads((tmp_path / "qwen3-0.6b_ppo_v5e.json").read_text())
+  assert written["plan"] == with_costs["plan"] and written["plan_s"] >= 0
+  assert script.add_costs(with_costs, tmp_path) is with_costs  # planned already: unchanged
+  gpu = dict(record, generation="h100")
+  assert script.add_costs(gpu, tmp_path) is gpu and len(planned) == 1  # GPUs: memory only
+
+
 def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):
   records = [json.loads(p.read_text()) for p in sorted(script.RESULTS.glob("*.json"))]
   assert records, "no planning records committed"

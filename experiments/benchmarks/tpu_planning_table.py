@@ -32,7 +32,10 @@ full `max_new_tokens`).
     pip install -e ".[tpu,plan-gpu]"   # in a virtual environment of its own
     python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
         [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e,h100,h200] [--out DIR] [--table]
-        [--memory-only] [--skip-existing]
+        [--memory-only] [--skip-existing] [--add-costs]
+
+`--add-costs` plans the TPU cells that were written with `--memory-only` in full, at the slice
+and remat they record, without walking the slices again.
 
 JAX's persistent compilation cache is not used: it cannot load executables compiled for devices
 that are not present (every program here).
@@ -61,6 +64,9 @@ SLICES = {
     "h100": ("h100:1", "h100:2", "h100:4", "h100:8", "h100:2x8", "h100:4x8", "h100:8x8"),
     "h200": ("h200:1", "h200:2", "h200:4", "h200:8", "h200:2x8", "h200:4x8", "h200:8x8"),
 }
+GPUS = ("h100", "h200")
+"""The GPU parts of `SLICES`: their plans have memory only (XLA's GPU compiler gives no costs
+without a GPU)."""
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
 FALLBACK_REMAT = "full"
 """The remat policy a slice is tried with when its programs do not fit with the default's."""
@@ -148,6 +154,28 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
   return record
 
 
+def add_costs(record: dict, out: pathlib.Path) -> dict:
+  """Plans a memory-only cell's slice in full (costs with every loop trip, roofline time), with
+  the cell's own shape and remat, and rewrites its JSON; a cell without a fitting slice, one
+  planned with costs already and a GPU cell (no costs without a GPU) are returned unchanged."""
+  from jax_ppo.diagnostics import ppo_plan
+  from jax_ppo.diagnostics.plan import topology_devices
+
+  if record["topology"] is None or record["plan"] is not None or record["generation"] in GPUS:
+    return record
+  devices = topology_devices(record["topology"])
+  shape = dataclasses.replace(run_shape_for(record["model"], record["run"], len(devices)),
+                              remat=record["remat"])
+  assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
+  start = time.perf_counter()
+  record = dict(record, plan=ppo_plan.plan_run(shape, record["topology"], devices=devices,
+                                               advice=False).to_json())
+  record["plan_s"] = round(time.perf_counter() - start, 1)
+  name = f"{record['model']}_{record['run']}_{record['generation']}.json"
+  (out / name).write_text(json.dumps(record, indent=2) + "\n")
+  return record
+
+
 RUN_LABELS = {
     "ppo": "ppo (policy, reference, reward model, critic)",
     "grpo": "grpo (policy, reference, reward function)",
@@ -209,8 +237,23 @@ def main(argv=None) -> int:
                            "way resumes where it stopped)")
   parser.add_argument("--table", action="store_true",
                       help="print the table from the JSON in --out (no compile)")
+  parser.add_argument("--add-costs", action="store_true",
+                      help="plan the TPU cells already in --out that have memory only in full "
+                           "(their roofline time), walking no slices")
   args = parser.parse_args(argv)
-  if not args.table:
+  if args.add_costs:
+    for model in args.models.split(","):
+      for run in args.runs.split(","):
+        for generation in args.generations.split(","):
+          path = args.out / f"{model}_{run}_{generation}.json"
+          if not path.exists():
+            continue
+          start = time.perf_counter()
+          record = json.loads(path.read_text())
+          if add_costs(record, args.out) is not record:
+            print(f"{model} {run} {generation}: costs of {record['topology']} "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+  elif not args.table:
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
