@@ -21,19 +21,74 @@ join a multi-host job first when the config's `distributed` fields or the enviro
 one, `eval` and `export` when the environment does (`jax_ppo.parallel.distributed`;
 tpu/README.md). Errors in the inputs are reported in one line naming the field and the fix (exit
 status 2).
+
+The `jax-ppo` program (`run`) keeps torch out of the process when it is installed: jax_ppo never
+uses it, but transformers and tensorboardX would import it (`hide_torch_from_libraries`). Set
+JAX_PPO_TORCH=1 for code of your own that runs PyTorch models through transformers in the same
+process (a reward function, say).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
 
 RUN_CONFIGS = {"sft": "SFTRunConfig", "reward": "RewardRunConfig", "dpo": "DPORunConfig"}
 """Offline stage verb -> the name of its run config (for the verbs' `--help`)."""
+
+TORCH_ENV = "JAX_PPO_TORCH"
+"""Environment variable: 1 (or true, yes, on) lets the `jax-ppo` program's libraries use torch."""
+
+TORCH_FREE_COMMANDS = frozenset(
+    {"train", "eval", "export", "sft", "reward", "dpo", "plan", "pipeline"})
+"""The verbs that load transformers (configs, tokenizers) or tensorboardX, so hide torch first."""
+
+
+def hide_torch_from_libraries() -> bool:
+  """Makes transformers and tensorboardX take torch for absent in this process; True if it did.
+
+  jax_ppo never uses torch, but where torch is installed transformers 5 imports it as soon as a
+  config or tokenizer class loads (`configuration_utils` imports `modeling_rope_utils`, which
+  imports torch), and tensorboardX's writer imports it too: about 200 MiB of RSS and a second of
+  start-up in every process. Both libraries ask Python whether torch exists once. While
+  `sys.modules["torch"]` is None, `importlib.util.find_spec("torch")` answers None and `import
+  torch` raises ImportError; this imports transformers' availability check (whose answer,
+  `is_torch_available()`, is cached for the process) and tensorboardX's writer (which catches
+  the ImportError) under that entry, then removes it. Code of the user's can still `import torch`
+  afterwards; only transformers keeps taking torch for absent (its PyTorch models refuse to load).
+
+  Does nothing, and returns False, when torch is not installed or is imported already, or when
+  the environment sets JAX_PPO_TORCH=1. For the `jax-ppo` program only (`run`): in a process of
+  the user's (a notebook, a test session) it would take transformers' PyTorch models away.
+  """
+  if os.environ.get(TORCH_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    return False
+  if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+    return False
+  sys.modules["torch"] = None  # type: ignore[assignment]
+  advice = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+  os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"  # not "PyTorch was not found": it is
+  try:
+    from transformers.utils import import_utils
+
+    import_utils.is_torch_available()
+    try:
+      import tensorboardX.writer  # noqa: F401
+    except ImportError:  # tensorboardX not installed: nothing of it to keep torch-free
+      pass
+  finally:
+    del sys.modules["torch"]
+    if advice is None:
+      del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+    else:
+      os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = advice
+  return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -368,5 +423,22 @@ def main(argv: Sequence[str] | None = None) -> int:
   return 0
 
 
+def run() -> None:
+  """The `jax-ppo` program: `main` on the process's arguments, with torch kept out of the
+  libraries (`hide_torch_from_libraries`) for the verbs that load models; exits with main's
+  status."""
+  argv = sys.argv[1:]
+  hidden = bool(argv) and argv[0] in TORCH_FREE_COMMANDS and hide_torch_from_libraries()
+  try:
+    status = main(argv)
+  except Exception as e:
+    if hidden and ("torch" in str(e).lower()):
+      print(f"jax-ppo: transformers was told torch is absent in this process (jax_ppo needs no "
+            f"torch); if code of yours runs PyTorch models through transformers, run with "
+            f"{TORCH_ENV}=1.", file=sys.stderr)
+    raise
+  sys.exit(status)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  run()

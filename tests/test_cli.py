@@ -1,4 +1,5 @@
-"""End-to-end tests of the `jax-ppo` command line (in process, through `jax_ppo.cli.main`).
+"""End-to-end tests of the `jax-ppo` command line (in process, through `jax_ppo.cli.main`; the
+installed program, `jax_ppo.cli.run`, in subprocesses).
 
 A tiny random GPT-2 policy, a tiny GPT-2 SequenceClassification reward model and a word-level
 tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
@@ -6,6 +7,9 @@ tokenizer are built locally (transformers, CPU torch, tokenizers; no downloads).
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -388,3 +392,81 @@ def test_eval_and_export_join_the_job_the_environment_describes(monkeypatch, cap
   assert main([command, "--run-dir", str(tmp_path / "missing"), *extra]) == 2
   assert calls == [None]  # default DistributedConfig: the environment decides
   assert "does not exist" in capsys.readouterr().err
+
+
+PROGRAM = """
+import json, sys
+from jax_ppo import cli
+try:
+  cli.run()  # the `jax-ppo` program on sys.argv[1:]
+except SystemExit as e:
+  print("PROGRAM " + json.dumps({"status": e.code, "torch_imported": "torch" in sys.modules}))
+"""
+"""`python -c PROGRAM train ...`: runs the `jax-ppo` program, then says whether torch got in."""
+
+LIBRARIES = """
+import json, sys
+from jax_ppo import cli
+hidden = cli.hide_torch_from_libraries()
+import tensorboardX
+from transformers import AutoConfig, AutoTokenizer
+AutoConfig.from_pretrained(sys.argv[1]); AutoTokenizer.from_pretrained(sys.argv[1])
+tensorboardX.SummaryWriter(sys.argv[2]).close()
+record = {"hidden": hidden, "torch_imported": "torch" in sys.modules}
+import torch  # code of the user's may still import it
+record["user_import"] = torch.ones(2).sum().item()
+print("LIBRARIES " + json.dumps(record))
+"""
+"""`python -c LIBRARIES FOLDER LOGDIR`: what the libraries do after `hide_torch_from_libraries`."""
+
+
+def _subprocess(code, args, marker, **env):
+  from jax_ppo.cli import TORCH_ENV
+
+  environ = {k: v for k, v in os.environ.items() if k != TORCH_ENV}
+  environ.update(env)
+  out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                       env=environ, timeout=900)
+  lines = [line for line in out.stdout.splitlines() if line.startswith(marker + " ")]
+  assert out.returncode == 0 and lines, out.stderr[-3000:]
+  assert "PyTorch was not found" not in out.stderr  # transformers' advice: it is installed
+  return json.loads(lines[-1].removeprefix(marker + " "))
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_hide_torch_from_libraries(files, tmp_path, opt_in):
+  """With torch installed (it is, here), transformers' config and tokenizer classes and
+  tensorboardX's writer load without importing it once it is hidden, and the user can import it
+  afterwards; with JAX_PPO_TORCH=1 nothing is hidden and transformers imports it again."""
+  env = {"JAX_PPO_TORCH": "1"} if opt_in else {}
+  record = _subprocess(LIBRARIES, [str(files / "policy"), str(tmp_path / "tb")], "LIBRARIES",
+                       **env)
+  assert record == {"hidden": not opt_in, "torch_imported": opt_in, "user_import": 2.0}
+
+
+def test_the_program_trains_without_importing_torch(files, tmp_path):
+  """`jax-ppo train` as installed (`cli.run`) where torch is installed: the policy and reward
+  model load through transformers, TensorBoard logs (on by default), one update runs, and torch
+  never enters the process."""
+  record = _subprocess(PROGRAM, ["train", str(files / "run.yaml"), f"run_dir={tmp_path / 'run'}",
+                                 "ppo.total_updates=1"], "PROGRAM")
+  assert record == {"status": 0, "torch_imported": False}, record
+  assert any((tmp_path / "run" / "tensorboard").iterdir())
+
+
+def test_the_program_names_the_switch_when_a_hidden_torch_is_missed(monkeypatch, capsys):
+  from jax_ppo import cli
+
+  def needs_torch(argv):
+    raise ImportError("this pipeline requires the PyTorch library but it was not found")
+
+  monkeypatch.setattr(cli, "hide_torch_from_libraries", lambda: True)
+  monkeypatch.setattr(cli, "main", needs_torch)
+  monkeypatch.setattr(sys, "argv", ["jax-ppo", "train", "run.yaml"])
+  with pytest.raises(ImportError, match="PyTorch"):  # the error itself keeps its traceback
+    cli.run()
+  assert "JAX_PPO_TORCH=1" in capsys.readouterr().err
+  monkeypatch.setattr(sys, "argv", ["jax-ppo", "config", "train"])  # loads no model: no hiding
+  with pytest.raises(ImportError, match="PyTorch"):
+    cli.run()
+  assert capsys.readouterr().err == ""

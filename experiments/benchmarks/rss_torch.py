@@ -2,18 +2,21 @@
 
 transformers 5 imports torch whenever torch is installed (as soon as `AutoConfig` or
 `AutoTokenizer` load: `transformers.configuration_utils` imports `modeling_rope_utils`), and
-tensorboardX's writer imports it too; jax_ppo itself never does. This script measures what that
-costs a run: it writes a tiny random Llama checkpoint (1 layer, hidden size 16, a 32-word
-word-level tokenizer) and a prompts file with numpy, safetensors and tokenizers (no torch), then
-runs the same `jax-ppo train` (`jax_ppo.cli.main`, reward `length`, batch 4, 4 new tokens,
-2 updates) in a fresh subprocess of each given Python, `--repeats` times, alternating the two.
-Each run reports its peak RSS (`VmHWM`, `rss.peak_rss_mib`), whether torch is installed and
-whether it ended up in `sys.modules`; the record adds what `import torch` alone holds in the
-environment with torch (its peak over a bare interpreter's). Each run gets its own run folder
-and an empty JAX compilation cache, so every run compiles; both run the jax_ppo of this
-checkout (`PYTHONPATH`).
+tensorboardX's writer imports it too; jax_ppo itself never does, and the `jax-ppo` program hides
+torch from both (`jax_ppo.cli.hide_torch_from_libraries`) unless JAX_PPO_TORCH=1. This script
+measures what a run holds: it writes a tiny random Llama checkpoint (1 layer, hidden size 16, a
+32-word word-level tokenizer) and a prompts file with numpy, safetensors and tokenizers (no
+torch), then runs the same `jax-ppo train` (`jax_ppo.cli.run`, the program's entry point;
+reward `length`, batch 4, 4 new tokens, 2 updates) in a fresh subprocess of each given Python,
+and once more in the environment with torch with JAX_PPO_TORCH=1 (transformers and tensorboardX
+then import torch, as they do in a Python process of the user's), `--repeats` times,
+alternating the three. Each run reports its peak RSS (`VmHWM`, `rss.peak_rss_mib`), whether
+torch is installed and whether it ended up in `sys.modules`; the record adds what `import
+torch` alone holds in the environment with torch (its peak over a bare interpreter's). Each run
+gets its own run folder and an empty JAX compilation cache, so every run compiles; all run the
+jax_ppo of this checkout (`PYTHONPATH`).
 
-    python experiments/benchmarks/rss_torch.py /tmp/lowenv/bin/python .venv/bin/python \
+    python experiments/benchmarks/rss_torch.py /tmp/notorch/bin/python .venv/bin/python \
         --json experiments/benchmarks/results/rss_torch_DATE.json
 """
 
@@ -35,6 +38,8 @@ ROOT = BENCH.parents[1]
 sys.path.insert(0, str(BENCH))
 from host import host_line, host_record  # noqa: E402
 
+from jax_ppo.cli import TORCH_ENV  # noqa: E402  (the command line's module: no jax at import)
+
 WORDS = ("the a movie film plot actor story was is very really not quite good great fun bad "
          "dull boring long short and but I liked hated it this review").split()
 SPECIAL = ["<pad>", "<|endoftext|>", "<unk>"]  # PAD 0, EOS 1, UNK 2
@@ -52,7 +57,10 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {bench!r})
     from rss import peak_rss_mib
     from jax_ppo import cli
-    status = cli.main(sys.argv[1:])
+    try:
+      cli.run()  # the `jax-ppo` program: main on sys.argv[1:], torch kept out of its libraries
+    except SystemExit as e:
+      status = e.code
     def version(name):
       try:
         return importlib.metadata.version(name)
@@ -107,11 +115,14 @@ def write_inputs(root: pathlib.Path) -> tuple[str, str]:
   return str(policy), str(prompts)
 
 
-def run_once(python: str, policy: str, prompts: str, root: pathlib.Path) -> dict:
-  """One `jax-ppo train` in a fresh `python` subprocess; returns its record (CHILD above)."""
+def run_once(python: str, policy: str, prompts: str, root: pathlib.Path,
+             extra_env: dict[str, str]) -> dict:
+  """One `jax-ppo train` in a fresh `python` subprocess with `extra_env` set; returns its
+  record (CHILD above)."""
   run_dir = tempfile.mkdtemp(prefix="run_", dir=root)
-  env = dict(os.environ, PYTHONPATH=str(ROOT),
-             JAX_PPO_CACHE_DIR=tempfile.mkdtemp(prefix="xla_", dir=root))
+  env = {k: v for k, v in os.environ.items() if k != TORCH_ENV}
+  env.update(PYTHONPATH=str(ROOT), JAX_PPO_CACHE_DIR=tempfile.mkdtemp(prefix="xla_", dir=root),
+             **extra_env)
   args = [f"policy_path={policy}", f"prompts_path={prompts}", f"run_dir={run_dir}", *TRAIN_ARGS]
   code = CHILD.format(bench=str(BENCH), packages=PACKAGES)
   out = subprocess.run([python, "-c", code, "train", *args], capture_output=True, text=True,
@@ -144,7 +155,9 @@ def main(argv=None) -> dict:
   args = p.parse_args(argv)
   if args.repeats < 1:
     p.error(f"--repeats must be at least 1, got {args.repeats}")
-  pythons = {"without_torch": args.python_without, "with_torch": args.python_with}
+  pythons = {"without_torch": (args.python_without, {}),
+             "with_torch": (args.python_with, {}),
+             "with_torch_JAX_PPO_TORCH=1": (args.python_with, {TORCH_ENV: "1"})}
   results = dict(date=datetime.date.today().isoformat(), host=host_record(),
                  train_args=list(TRAIN_ARGS), repeats=args.repeats, runs={})
   with tempfile.TemporaryDirectory(prefix="rss_torch_") as tmp:
@@ -152,31 +165,33 @@ def main(argv=None) -> dict:
     policy, prompts = write_inputs(root)
     records = {label: [] for label in pythons}
     for _ in range(args.repeats):
-      for label, python in pythons.items():  # Alternated, so drift on the host hits both alike.
-        records[label].append(run_once(python, policy, prompts, root))
-  for label, python in pythons.items():
+      for label, (python, extra_env) in pythons.items():  # Alternated: host drift hits all alike.
+        records[label].append(run_once(python, policy, prompts, root, extra_env))
+  for label, (python, extra_env) in pythons.items():
     first = records[label][0]
     peaks = [r["peak_mib"] for r in records[label]]
     results["runs"][label] = dict(
-        python=python, versions=first["versions"], python_version=first["python"],
+        python=python, env=extra_env, versions=first["versions"], python_version=first["python"],
         torch_installed=first["torch_installed"],
         torch_imported=[r["torch_imported"] for r in records[label]],
         peak_mib=peaks, median_peak_mib=statistics.median(peaks))
-  without, with_ = (results["runs"][k]["median_peak_mib"] for k in pythons)
+  without, with_, opted_in = (results["runs"][k]["median_peak_mib"] for k in pythons)
   results["with_over_without"] = with_ / without
+  results["opted_in_over_without"] = opted_in / without
   if results["runs"]["with_torch"]["torch_installed"]:  # What torch's import alone holds.
     bare = import_peak_mib(args.python_with, "pass")
     results["torch_import_alone_mib"] = import_peak_mib(args.python_with, "import torch") - bare
   print(host_line(results["host"]))
-  print(f"{'environment':<14} {'torch installed':>15} {'torch imported':>15} "
+  print(f"{'environment':<27} {'torch installed':>15} {'torch imported':>15} "
         f"{'median peak RSS':>16}  runs (MiB)")
   for label, run in results["runs"].items():
     imported = "yes" if all(run["torch_imported"]) else (
         "no" if not any(run["torch_imported"]) else "mixed")
-    print(f"{label:<14} {'yes' if run['torch_installed'] else 'no':>15} {imported:>15} "
+    print(f"{label:<27} {'yes' if run['torch_installed'] else 'no':>15} {imported:>15} "
           f"{run['median_peak_mib']:>12.0f} MiB  "
           + ", ".join(f"{m:.0f}" for m in run["peak_mib"]))
-  print(f"with torch / without torch: {results['with_over_without']:.2f}")
+  print(f"with torch / without torch: {results['with_over_without']:.2f}; with torch and "
+        f"{TORCH_ENV}=1 / without torch: {results['opted_in_over_without']:.2f}")
   if "torch_import_alone_mib" in results:
     print(f"`import torch` alone: +{results['torch_import_alone_mib']:.0f} MiB over a bare "
           "interpreter")
