@@ -28,13 +28,17 @@ decode loop `k` (`jax_ppo.rollout.sampler.segment_schedule`: `sum n_k = T - 1`),
     experience_update = XLA + (E - 2) (microbatch_grad + optimizer_step)        (E >= 2)
 
 The decode loop is counted at its bound (no row stops early), an upper bound of the sampler's
-work.
+work. Near the chip's HBM the cost variants (unrolled layers, unchunked LM head) may be refused
+where the run's programs fit; their costs then come from the run at a fraction of its rows
+(`rows_divided`), extrapolated in the rows (`jax_ppo.diagnostics.plan.row_extrapolated_costs`),
+and a plan whose variants compile at no fraction has no costs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable, Iterable
 
 import jax
@@ -47,11 +51,13 @@ from jax_ppo.diagnostics.advice import Knobs
 from jax_ppo.diagnostics.memory import placed_abstract, shard_bytes
 from jax_ppo.diagnostics.plan import (
   Cost,
+  DoesNotFit,
   Plan,
   Program,
   compile_program,
   grouped_depth_costs,
   plan_programs,
+  row_extrapolated_costs,
   shape_peaks,
   topology_devices,
   with_layers,
@@ -71,7 +77,7 @@ from jax_ppo.models import (
 from jax_ppo.models import init_cache as new_cache
 from jax_ppo.parallel import rules
 from jax_ppo.parallel.jit import MeshJit
-from jax_ppo.parallel.mesh import MeshConfig
+from jax_ppo.parallel.mesh import MeshConfig, batch_axis_size
 from jax_ppo.ppo.config import PPOConfig
 from jax_ppo.ppo.loss import coefficients
 from jax_ppo.ppo.programs import PROGRAM_ROLES
@@ -90,6 +96,8 @@ from jax_ppo.rollout.sampler import (
 from jax_ppo.runs.common import DTYPES, resolve_model_paths
 from jax_ppo.runs.ppo_config import RunConfig
 from jax_ppo.training.optim import make_optimizer
+
+logger = logging.getLogger(__name__)
 
 # ---- what is planned -----------------------------------------------------------------------
 
@@ -509,6 +517,24 @@ def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost
   return costs
 
 
+def rows_divided(shape: RunShape, k: int, *, row_shards: int) -> RunShape | None:
+  """`shape` with `1/k` of its rows (the batch; so the prompts, minibatches and microbatches) and
+  the same loop trips (epochs, minibatches, accumulation steps, decode steps), for
+  `row_extrapolated_costs`; None when the rows do not divide so: the batch by `k` into groups of
+  `n_samples` and minibatches, or a microbatch over the `row_shards` chips its rows are split
+  over (`batch_axis_size`)."""
+  ppo = shape.ppo
+  if ppo.batch_size % k:
+    return None
+  try:
+    small = dataclasses.replace(ppo, batch_size=ppo.batch_size // k)
+  except ValueError:
+    return None
+  if small.microbatch_size % row_shards or small.prompts_per_update < 1:
+    return None
+  return dataclasses.replace(shape, ppo=small)
+
+
 def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, int]:
   """Per-chip peak bytes of each program of `shape` on the slice, compiled as the run compiles
   them, without costs (`jax_ppo.diagnostics.plan.shape_peaks`)."""
@@ -534,13 +560,26 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
       topology).
   """
   devices = topology_devices(topology) if devices is None else devices
+  divisor = []  # `k` when the costs were extrapolated from 1/k and 2/k of the rows
 
-  def costs(run: RunPrograms, mesh: Mesh) -> dict[str, Cost]:
-    return loop_corrected(layer_costs(shape, mesh, topology=topology), shape.ppo,
-                          max_new_tokens=run.sampling.max_new_tokens)
+  def costs(run: RunPrograms, mesh: Mesh) -> dict[str, Cost] | None:
+    at = lambda s: layer_costs(s, mesh, topology=topology)  # noqa: E731
+    try:
+      layers = at(shape)
+    except DoesNotFit:  # the unrolled, unchunked variants need more HBM than the run's programs
+      try:
+        layers, k = row_extrapolated_costs(
+            at, lambda k: rows_divided(shape, k, row_shards=batch_axis_size(mesh)))
+      except DoesNotFit as e:
+        logger.warning("%s: the plan has no costs: its cost variants do not compile at any "
+                       "fraction of the rows (%s)", topology, e)
+        return None
+      divisor.append(k)
+    return loop_corrected(layers, shape.ppo, max_new_tokens=run.sampling.max_new_tokens)
 
-  return plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
+  plan = plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
                        advice=advice)
+  return dataclasses.replace(plan, costs_rows_divisor=divisor[-1]) if divisor else plan
 
 
 __all__ = [

@@ -255,6 +255,34 @@ def test_corrected_costs_of_two_depths_match_the_programs_unrolled(with_models):
   assert plan.programs["score"].xla_flops < plan.programs["score"].flops  # the scanned layers
 
 
+def test_costs_extrapolated_in_the_rows_match_the_costs_at_the_full_rows(run_dir):
+  """What a plan falls back to when its cost variants need more HBM than the chip has
+  (`row_extrapolated_costs`): every piece's costs from the run at 1/2 and 1/4 of its rows (32
+  and 16 rows: 2 minibatches of 2 microbatches of 8 and 4 rows, FSDP over the 4 chips), against
+  those compiled at the full 64 rows."""
+  ppo = PPOConfig(**{**SPLIT, "batch_size": 64, "sampling": PPOSampling(**SPLIT["sampling"])})
+  shape = ppo_plan.RunShape(model=load_config(str(run_dir / "policy")), ppo=ppo,
+                            prompt_length=32, mesh=MeshConfig(data=1, fsdp=4))
+  mesh = slice_mesh(tpu_devices(TOPOLOGY), shape.mesh, topology=TOPOLOGY)
+  at = lambda s: ppo_plan.layer_costs(s, mesh, topology=TOPOLOGY)  # noqa: E731
+  truth = at(shape)
+  tried = []
+
+  def shape_at(k):
+    tried.append(k)
+    return ppo_plan.rows_divided(shape, k, row_shards=4)
+
+  extrapolated, k = plan_lib.row_extrapolated_costs(at, shape_at)
+  assert (tried, k) == ([2, 4], 4) and extrapolated.keys() == truth.keys()
+  for name, cost in truth.items():
+    assert extrapolated[name].flops == pytest.approx(cost.flops, rel=0.001), name  # exact
+    ratio = extrapolated[name].bytes_accessed / cost.bytes_accessed
+    if name == "generate" or name.startswith("decode_step"):  # the sampler's: nearly affine
+      assert ratio == pytest.approx(1.0, rel=0.05), name
+    else:  # the training programs' bytes are not affine in the rows at this tiny shape
+      assert 0.4 < ratio < 2.5, name  # (measured: experience 1.13, the split update 2.04)
+
+
 def test_a_run_that_does_not_fit_gets_the_change_that_makes_it_fit(run_dir, replicated,
                                                                   monkeypatch):
   """On a chip with a little less HBM than the replicated run's largest peak, the plan says it

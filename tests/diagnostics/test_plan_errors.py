@@ -293,3 +293,85 @@ def test_a_refused_program_peaks_at_least_what_xla_asked_for_and_its_arguments(m
   arg = jax.ShapeDtypeStruct((1024,), jnp.float32, sharding=sharding)
   program = plan.Program(refuse, (arg,), outside_bytes=100)
   assert plan.program_peaks({"update": program}, topology="v5e:8x8") == {"update": expected}
+
+
+def _affine_costs(shape, refuse_above: int):
+  """Costs affine in the rows (`batch_size` b): flops 3b + 7, bytes 5b + 100 for `experience`,
+  constant for `optimizer_step`; refused (`DoesNotFit`) above `refuse_above` rows."""
+  b = shape.ppo.batch_size
+  if b > refuse_above:
+    raise plan.DoesNotFit(f"program 'experience' needs more HBM at {b} rows", None)
+  return {"experience": plan.Cost(3.0 * b + 7, 5.0 * b + 100),
+          "optimizer_step": plan.Cost(11.0, 13.0)}
+
+
+@pytest.mark.parametrize("refuse_above,divisors", [(32, [2, 4]), (16, [2, 4, 8]),
+                                                   (8, [2, 4, 8, 16])])
+def test_cost_variants_refused_at_full_rows_are_extrapolated_from_fewer(refuse_above, divisors):
+  import dataclasses
+
+  full = ppo_plan.RunShape(model=None, ppo=PPOConfig(batch_size=64))
+  tried = []
+
+  def shape_at(k):
+    tried.append(k)
+    return dataclasses.replace(full, ppo=dataclasses.replace(full.ppo, batch_size=64 // k))
+
+  costs, k = plan.row_extrapolated_costs(lambda s: _affine_costs(s, refuse_above), shape_at)
+  assert k == divisors[-1]
+  assert costs["experience"] == plan.Cost(3.0 * 64 + 7, 5.0 * 64 + 100)  # exact for affine
+  assert costs["optimizer_step"] == plan.Cost(11.0, 13.0)
+  assert tried == divisors  # the largest two fractions that compile
+  with pytest.raises(plan.DoesNotFit, match="needs more HBM at 4 rows"):
+    plan.row_extrapolated_costs(lambda s: _affine_costs(s, 2), shape_at)
+  with pytest.raises(plan.DoesNotFit, match="do not divide"):
+    plan.row_extrapolated_costs(lambda s: _affine_costs(s, 2), lambda k: None)
+
+
+def test_rows_divided_keeps_the_loop_trips_and_refuses_what_does_not_divide():
+  shape = ppo_plan.RunShape(model=None, ppo=PPOConfig(
+      batch_size=64, n_samples=8, advantage_mode="grpo", num_minibatches=2,
+      gradient_accumulation_steps=2))
+  half = ppo_plan.rows_divided(shape, 2, row_shards=4)
+  assert (half.ppo.batch_size, half.ppo.microbatch_size, half.ppo.prompts_per_update) == (
+      32, 8, 4)
+  assert (half.ppo.num_minibatches, half.ppo.gradient_accumulation_steps) == (2, 2)
+  assert ppo_plan.rows_divided(shape, 16, row_shards=1) is None  # 4 rows: not groups of 8
+  assert ppo_plan.rows_divided(shape, 4, row_shards=8) is None  # microbatch of 4 over 8 chips
+  assert ppo_plan.rows_divided(shape, 3, row_shards=1) is None
+
+
+def test_a_plan_whose_cost_variants_are_refused_gets_costs_from_fewer_rows(monkeypatch):
+  """`plan_run`'s costs: the variants at the full rows are refused, those at 1/2 and 1/4
+  compile: the loop-corrected costs are those of the full rows; refused at every fraction, the
+  plan has no costs (and still its memory and fit)."""
+  from types import SimpleNamespace
+
+  refuse_above = [32]
+  monkeypatch.setattr(ppo_plan, "layer_costs",
+                      lambda s, mesh, topology: _affine_costs(s, refuse_above[0]))
+  monkeypatch.setattr(ppo_plan, "batch_axis_size", lambda mesh: 4)
+  run = SimpleNamespace(sampling=SimpleNamespace(max_new_tokens=8))
+  seen = {}
+
+  def plan_programs(*args, costs, **kwargs):  # what compile_plan does with the costs
+    seen["costs"] = costs(run, None)
+    program = plan.ProgramPlan(argument_bytes=1, output_bytes=0, alias_bytes=0, temp_bytes=0,
+                               outside_bytes=0, flops=None, bytes_accessed=None,
+                               xla_flops=None, xla_bytes_accessed=None, roofline_s=None)
+    return plan.Plan(topology="v5e:2x2", chip="v5e", chips=4, hosts=1, hbm_per_chip_bytes=1,
+                     mesh={}, dtype="bfloat16", resident_bytes_per_chip={},
+                     programs={"experience": program})
+
+  monkeypatch.setattr(ppo_plan, "plan_programs", plan_programs)
+  shape = ppo_plan.RunShape(model=None, ppo=PPOConfig(batch_size=64))
+  result = ppo_plan.plan_run(shape, "v5e:2x2", devices=[0, 1, 2, 3])
+  expected = ppo_plan.loop_corrected(_affine_costs(shape, 64), shape.ppo, max_new_tokens=8)
+  assert seen["costs"] == expected
+  assert result.costs_rows_divisor == 4 and result.to_json()["costs_rows_divisor"] == 4
+  assert "1/4 and 2/4 of its rows" in plan.format_plan(result)
+  refuse_above[0] = 1
+  result = ppo_plan.plan_run(shape, "v5e:2x2", devices=[0, 1, 2, 3])
+  assert seen["costs"] is None and result.costs_rows_divisor is None
+  refuse_above[0] = 64  # compiled at its rows
+  assert ppo_plan.plan_run(shape, "v5e:2x2", devices=[0, 1, 2, 3]).costs_rows_divisor is None
