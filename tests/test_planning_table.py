@@ -128,8 +128,11 @@ def test_costs_are_added_to_a_memory_only_cell_at_its_own_slice_and_remat(
   written = json.loads((tmp_path / "qwen3-0.6b_ppo_v5e.json").read_text())
   assert written["plan"] == with_costs["plan"] and written["plan_s"] >= 0
   assert script.add_costs(with_costs, tmp_path) is with_costs  # planned already: unchanged
-  gpu = dict(record, generation="h100")
+  gpu = dict(record, generation="h100", topology="h100:2", chips=2)
   assert script.add_costs(gpu, tmp_path) is gpu and len(planned) == 1  # GPUs: memory only
+  assert script.cell_text(gpu).startswith("h100:2 (2 GPUs), ")
+  assert script.cell_text(dict(gpu, topology="h100:1", chips=1)).startswith("h100:1 (1 GPU), ")
+  assert "| h100: GPUs, peak GiB per GPU |" in script.table([record, gpu])
 
 
 def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):

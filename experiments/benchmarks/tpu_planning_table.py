@@ -195,7 +195,9 @@ def cell_text(record: dict | None) -> str:
   if record["topology"] is None:
     return f"none up to {record['tried'][-1]['topology']}"
   peak = max(record["peak_bytes_per_chip"].values()) / gib
-  text = (f"{record['topology']} ({record['chips']} chips), "
+  unit = ("GPU" if record["chips"] == 1 else "GPUs") if record.get("generation") in GPUS else (
+      "chips")
+  text = (f"{record['topology']} ({record['chips']} {unit}), "
           f"{peak:.1f} of {record['hbm_per_chip_bytes'] / gib:.0f}")
   if record.get("remat", DEFAULT_REMAT) != DEFAULT_REMAT:
     text += f" with remat={record['remat']}"
@@ -212,6 +214,7 @@ def table(records: list[dict]) -> str:
   HBM, roofline seconds per update where planned with costs)."""
   gens = [g for g in SLICES if any(r["generation"] == g for r in records)]
   head = "| model | run | " + " | ".join(
+      f"{g}: GPUs, peak GiB per GPU" if g in GPUS else
       f"{g}: slice, peak GiB per chip, roofline per update" for g in gens)
   lines = [head + " |", "|---|---|" + "---|" * len(gens)]
   cells = {(r["model"], r["run"], r["generation"]): r for r in records}
