@@ -103,6 +103,8 @@ def test_a_cell_with_costs_shows_the_roofline_time_per_update(script):
             "plan": {"programs": {"generate": {"roofline_s": 0.25},
                                   "experience_update": {"roofline_s": 0.5}}}}
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95, 0.75 s"
+  record["plan"]["costs_rows_divisor"] = 4  # extrapolated from 1/4 and 1/2 of the rows
+  assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95, ~0.75 s"
   # GPU cells have no costs: memory only.
   record["plan"]["programs"]["generate"]["roofline_s"] = None
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95"

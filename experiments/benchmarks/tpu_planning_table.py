@@ -185,7 +185,8 @@ RUN_LABELS = {
 
 def cell_text(record: dict | None) -> str:
   """One cell of the table: the smallest slice that fits, its chips, its peak HBM per chip of
-  the chip's HBM, and its roofline time per update when the cell was planned with costs; "none
+  the chip's HBM, and its roofline time per update when the cell was planned with costs ("~"
+  before it when the costs were extrapolated from fewer rows: `costs_rows_divisor`); "none
   up to" the largest slice tried; "not planned"."""
   from jax_ppo.models import DEFAULT_REMAT
 
@@ -203,8 +204,9 @@ def cell_text(record: dict | None) -> str:
     text += f" with remat={record['remat']}"
   times = ([] if record["plan"] is None else
            [x["roofline_s"] for x in record["plan"]["programs"].values()])
-  if times and None not in times:
-    text += f", {sum(times):.2f} s"
+  if times and None not in times:  # "~": costs extrapolated from fewer rows (bytes approximate)
+    approx = "~" if record["plan"].get("costs_rows_divisor") else ""
+    text += f", {approx}{sum(times):.2f} s"
   return text
 
 

@@ -320,8 +320,9 @@ def row_extrapolated_costs(costs_at: Callable[[Any], Mapping[str, Cost]],
   exact. XLA's bytes accessed are not: its fusions and layouts change with the shapes. On a
   tiny 4-layer run (`tests/diagnostics/test_plan.py`: 64 rows from 32 and 16) the sampler's
   and its decode steps' bytes came within 5%, the experience program's 13% and the split
-  update's 2.04x over the bytes compiled at 64 rows. The roofline time of a compute-bound
-  program (the training programs of a real model) is its FLOPs' and stays exact.
+  update's 2.04x over the bytes compiled at 64 rows. A roofline time bound by the FLOPs stays
+  exact; one bound by the bytes (XLA's TPU count binds even the training programs of Qwen3-0.6B
+  on v5e) carries their approximation.
 
   Returns:
     The costs at the run's rows, and `k`.
