@@ -528,6 +528,8 @@ __all__ = [
     "program_peaks",
     "refused_peak",
     "require_compiler",
+    "ROW_DIVISORS",
+    "row_extrapolated_costs",
     "shape_peaks",
     "topology_devices",
     "with_layers",

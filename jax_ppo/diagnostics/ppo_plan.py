@@ -595,6 +595,7 @@ __all__ = [
     "memory_peaks",
     "model_depths",
     "plan_run",
+    "rows_divided",
     "run_shape",
     "sampling_config",
     "score_rows",
