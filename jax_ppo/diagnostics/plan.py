@@ -324,13 +324,13 @@ def row_extrapolated_costs(costs_at: Callable[[Any], Mapping[str, Cost]],
   exact; one bound by the bytes (XLA's TPU count binds even the training programs of Qwen3-0.6B
   on v5e) carries their approximation.
 
-  Returns:
-    The costs at the run's rows, and `k`.
-
   Args:
     costs_at: a run shape -> its programs' costs (raising `DoesNotFit` when XLA refuses one).
     shape_at: `k` -> the run with `1/k` of its rows and the same loop trips, or None where the
       rows do not divide so (groups, microbatches, the chips that share the rows).
+
+  Returns:
+    The costs at the run's rows, and `k`.
 
   Raises:
     DoesNotFit: no pair of fractions compiles (the last refusal).
