@@ -160,3 +160,46 @@ def test_the_program_memory_table_shows_bytes_and_refusals():
   lines = text.splitlines()
   assert lines[2] == "| v5e:8x8 | 64 | full | update | 4.00 | 0.00 | 5.00 | 0.00 | 9.00 |"
   assert lines[3].startswith("| v5e:8x8 | 64 | dots | update | refused: needs 16.19 (temporaries)")
+
+
+def test_gpu_cells_fit_the_share_jax_allocates_and_stale_ones_walk_on(script, stub_plans,
+                                                                     monkeypatch, tmp_path):
+  # stub_plans: the slices' devices and meshes
+  """A GPU cell must fit `GPU_MEM_FRACTION` of the card (the runs raise JAX's allocator's share
+  to it); a cell written against the whole card whose peak is over that share is stale, and
+  `--skip-existing` walks on from its slice."""
+  from jax_ppo.diagnostics import gpu_topology, plan, ppo_plan
+
+  assert script.GPU_MEM_FRACTION == gpu_topology.RAISED_MEM_FRACTION
+  monkeypatch.setattr(plan, "plan_chip",
+                      lambda devices, t: types.SimpleNamespace(hbm_bytes=80 * GIB))
+  # 78 GiB on 1 GPU, 39 on 2, ...: over 95% of 80 GiB on one GPU, under it on two
+  compiled = []
+
+  def peaks(shape, topology_name, *, devices):
+    compiled.append(topology_name)
+    return {"update": 78 * GIB // len(devices)}
+
+  monkeypatch.setattr(ppo_plan, "memory_peaks", peaks)
+  record = script.plan_cell("qwen3-1.7b", "ppo", "h100", tmp_path, costs=False)
+  assert record["topology"] == "h100:2" and record["memory_fraction"] == 0.95
+  assert record["hbm_per_chip_bytes"] == 80 * GIB and not script.stale(record)
+  # a record of 78 GiB on h100:1, written when the whole card counted: walked on from h100:2
+  old = dict(record, topology="h100:1", chips=1, peak_bytes_per_chip={"update": 78 * GIB},
+             tried=[{"topology": "h100:1", "remat": "dots", "peak_bytes_per_chip": 78 * GIB}])
+  del old["memory_fraction"]
+  assert script.stale(old)
+  path = tmp_path / "qwen3-1.7b_ppo_h100.json"
+  path.write_text(json.dumps(old))
+  del compiled[:]
+  monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.95")  # restored after: main sets it
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  script.main(["--models", "qwen3-1.7b", "--runs", "ppo", "--generations", "h100",
+               "--out", str(tmp_path), "--memory-only", "--skip-existing"])
+  walked = json.loads(path.read_text())
+  assert walked["topology"] == "h100:2" and compiled == ["h100:2"]
+  assert [t["topology"] for t in walked["tried"]] == ["h100:1", "h100:2"]
+  # a TPU cell may use the whole chip; the same 78 GiB fits a v5p chip's 95 GiB
+  tpu = dict(record, generation="v5p", topology="v5p:2x2x1", hbm_per_chip_bytes=95 * GIB,
+             peak_bytes_per_chip={"update": 94 * GIB})
+  assert not script.stale(tpu)

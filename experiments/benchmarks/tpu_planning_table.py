@@ -5,11 +5,12 @@ plugin; no TPU, no GPU).
 For each model (`jax_ppo.diagnostics.shapes`), run kind and TPU generation or GPU part it walks
 the generation's slices (for GPUs: 1, 2, 4, 8 GPUs on one node, then 2, 4, 8 nodes of 8) from the
 smallest whose resident arrays (parameters, moments, reference, reward model, critic; no compile
-needed) fit one chip's HBM, re-planning the programs' memory (`ppo_plan.memory_peaks`) until
-every program fits, then plans that slice in full (`ppo_plan.plan_run`: costs with every loop
-trip, roofline time; GPUs have no costs without a GPU, so their cells have memory only). It
-writes one JSON per cell (`--out`, the plan's JSON plus the cell's names) and prints the table;
-`--table` prints the table from the JSON already written (no compile).
+needed) fit one chip's HBM (on GPUs `GPU_MEM_FRACTION` of it: JAX's allocator takes a share),
+re-planning the programs' memory (`ppo_plan.memory_peaks`) until every program fits, then plans
+that slice in full (`ppo_plan.plan_run`: costs with every loop trip, roofline time; GPUs have no
+costs without a GPU, so their cells have memory only). It writes one JSON per cell (`--out`, the
+plan's JSON plus the cell's names) and prints the table; `--table` prints the table from the
+JSON already written (no compile).
 
 The runs (all bfloat16 compute with float32 masters and moments, the default remat "dots",
 1024 prompt tokens + 1024 response tokens, 64 responses per update (one per chip on slices of
@@ -67,6 +68,10 @@ SLICES = {
 GPUS = ("h100", "h200")
 """The GPU parts of `SLICES`: their plans have memory only (XLA's GPU compiler gives no costs
 without a GPU)."""
+GPU_MEM_FRACTION = 0.95
+"""The share of a GPU's memory a GPU cell's programs must fit: the runs start with
+`XLA_CLIENT_MEM_FRACTION=0.95` (`jax_ppo.diagnostics.gpu_topology.RAISED_MEM_FRACTION`; JAX's
+allocator takes 75% by default)."""
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
 FALLBACK_REMAT = "full"
 """The remat policy a slice is tried with when its programs do not fit with the default's."""
@@ -104,23 +109,44 @@ def run_shape_for(model: str, run: str, chips: int):
       critic=config if run == "ppo" else None)
 
 
+def memory_fraction(generation: str) -> float:
+  """The share of a chip's HBM a cell's programs must fit: `GPU_MEM_FRACTION` on GPUs, all of it
+  on TPUs."""
+  return GPU_MEM_FRACTION if generation in GPUS else 1.0
+
+
+def stale(record: dict) -> bool:
+  """Whether a cell written earlier fits no longer: a GPU cell whose peak is over
+  `GPU_MEM_FRACTION` of the card (cells written before GPU cells were judged against JAX's
+  allocator's share)."""
+  if record["topology"] is None:
+    return False
+  usable = int(record["hbm_per_chip_bytes"] * memory_fraction(record["generation"]))
+  return max(record["peak_bytes_per_chip"].values()) > usable
+
+
 def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
-              costs: bool = True) -> dict:
+              costs: bool = True, after: dict | None = None) -> dict:
   """Walks `generation`'s slices to the smallest that fits and writes its plan (module
   docstring); without `costs`, only the fitting slice's memory (no cost variants, no roofline
-  time)."""
+  time). `after`: a `stale` record of the cell, whose slice and those before it do not fit (the
+  walk goes on from the next, keeping what it tried)."""
   from jax_ppo.diagnostics import ppo_plan
   from jax_ppo.diagnostics.plan import plan_chip, topology_devices
   from jax_ppo.diagnostics.topology import slice_mesh
 
+  slices = SLICES[generation]
   tried = []
-  for topology in SLICES[generation]:
+  if after is not None:
+    slices = slices[slices.index(after["topology"]) + 1:]
+    tried = list(after["tried"])
+  for topology in slices:
     devices = topology_devices(topology)
-    hbm = plan_chip(devices, topology).hbm_bytes
+    usable = int(plan_chip(devices, topology).hbm_bytes * memory_fraction(generation))
     shape = run_shape_for(model, run, len(devices))
     mesh = slice_mesh(devices, shape.mesh, topology=topology)
     resident = sum(ppo_plan.RunPrograms(shape, mesh).resident_bytes.values())
-    if resident > hbm:
+    if resident > usable:
       tried.append({"topology": topology, "resident_bytes_per_chip": resident})
       continue
     for remat in dict.fromkeys((shape.remat, FALLBACK_REMAT)):
@@ -130,13 +156,15 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
       tried.append({"topology": topology, "remat": remat,
                     "peak_bytes_per_chip": max(peaks.values()),
                     "compile_s": round(time.perf_counter() - start, 1)})
-      if max(peaks.values()) <= hbm:
+      if max(peaks.values()) <= usable:
         break
-    if max(peaks.values()) <= hbm:
+    if max(peaks.values()) <= usable:
       record = {"model": model, "run": run, "generation": generation,
                 "prompt_tokens": PROMPT, "response_tokens": RESPONSE,
                 "rows": rows_for(len(devices)), "remat": shape.remat,
-                "topology": topology, "chips": len(devices), "hbm_per_chip_bytes": hbm,
+                "topology": topology, "chips": len(devices),
+                "hbm_per_chip_bytes": plan_chip(devices, topology).hbm_bytes,
+                "memory_fraction": memory_fraction(generation),
                 "peak_bytes_per_chip": peaks, "resident_bytes_per_chip": resident,
                 "plan": None, "tried": tried, "host": host_record(),
                 "jax": __import__("jax").__version__}
@@ -239,13 +267,17 @@ def main(argv=None) -> int:
                            "time: the cost compiles take most of the time)")
   parser.add_argument("--skip-existing", action="store_true",
                       help="keep the cells whose JSON is already in --out (a run stopped part "
-                           "way resumes where it stopped)")
+                           "way resumes where it stopped); a stale one (`stale`) is walked on "
+                           "from its slice")
   parser.add_argument("--table", action="store_true",
                       help="print the table from the JSON in --out (no compile)")
   parser.add_argument("--add-costs", action="store_true",
                       help="plan the TPU cells already in --out that have memory only in full "
                            "(their roofline time), walking no slices")
   args = parser.parse_args(argv)
+  # a GPU plan's fit is judged against the share JAX's allocator takes (GPU_MEM_FRACTION)
+  os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+  os.environ["XLA_CLIENT_MEM_FRACTION"] = str(GPU_MEM_FRACTION)
   if args.add_costs:
     for model in args.models.split(","):
       for run in args.runs.split(","):
@@ -262,10 +294,15 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
-          if args.skip_existing and (args.out / f"{model}_{run}_{generation}.json").exists():
-            continue
+          path = args.out / f"{model}_{run}_{generation}.json"
+          after = None
+          if args.skip_existing and path.exists():
+            after = json.loads(path.read_text())
+            if not stale(after):
+              continue
           start = time.perf_counter()
-          record = plan_cell(model, run, generation, args.out, costs=not args.memory_only)
+          record = plan_cell(model, run, generation, args.out, costs=not args.memory_only,
+                             after=after)
           found = record["topology"] or "none"
           print(f"{model} {run} {generation}: {found} "
                 f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)

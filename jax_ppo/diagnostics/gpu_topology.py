@@ -12,6 +12,14 @@ alone, about 180 MB, no CUDA libraries). On a host without CUDA the plugin refus
 unless its version check is skipped (`JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1`, which `gpu_devices`
 sets: compiling needs no CUDA library); JAX logs that refusal once, when it first looks for
 devices, and keeps to the CPU.
+
+Fit. JAX's GPU allocator takes a share of each GPU's memory, not all of it: 75% unless
+`XLA_CLIENT_MEM_FRACTION` (older name `XLA_PYTHON_CLIENT_MEM_FRACTION`) says otherwise, whether or
+not it preallocates (jax 0.10; later JAX versions may let the pool grow past 75% when neither
+variable is set, which a plan does not count on). A GPU plan therefore judges its fit against
+`allocator_fraction()` of the card's memory, read from the planning process's environment as JAX
+reads it in the run's; `RAISED_MEM_FRACTION` is what its advice offers (the rest stays for the
+CUDA context, cuBLAS workspaces and NCCL buffers, which live outside the allocator's pool).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+from collections.abc import Mapping
 
 from jax_ppo.diagnostics.topology import PlanError
 from jax_ppo.parallel.chips import CHIPS, Chip
@@ -28,6 +37,14 @@ GPU_EXTRA = "jax_ppo[plan-gpu]"
 """The optional dependency that brings JAX's CUDA plugin (no CUDA libraries)."""
 PLUGIN = "jax_plugins.xla_cuda12"
 KiB, MiB = 2**10, 2**20
+MEM_FRACTION_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+"""The variables JAX's GPU client reads for its allocator's share of each GPU (the second is the
+older name; JAX refuses both together)."""
+DEFAULT_MEM_FRACTION = 0.75
+"""The share JAX's GPU allocator takes when neither of `MEM_FRACTION_VARS` is set."""
+RAISED_MEM_FRACTION = 0.95
+"""The share a GPU plan's advice offers when a run fits that much of the card and not the
+default's."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +135,29 @@ def parse_gpu_topology(topology: str) -> tuple[GpuPart, int, int]:
   return GPU_PARTS[found.group("part")], nodes, gpus
 
 
+def allocator_fraction(environ: Mapping[str, str] | None = None) -> float:
+  """The share of each GPU's memory JAX's allocator may use in a process started with `environ`
+  (default `os.environ`): `XLA_CLIENT_MEM_FRACTION` or its older name, else
+  `DEFAULT_MEM_FRACTION` (module docstring). PlanError when both are set (JAX refuses that too)
+  or the value is not a number in (0, 1]."""
+  environ = os.environ if environ is None else environ
+  given = {name: environ[name] for name in MEM_FRACTION_VARS if environ.get(name, "")}
+  if len(given) > 1:
+    raise PlanError(f"both {' and '.join(given)} are set, which JAX refuses: unset "
+                    f"{MEM_FRACTION_VARS[1]} (the older name).")
+  if not given:
+    return DEFAULT_MEM_FRACTION
+  (name, text), = given.items()
+  try:
+    fraction = float(text)
+  except ValueError:
+    fraction = float("nan")
+  if not 0.0 < fraction <= 1.0:
+    raise PlanError(f"{name}={text!r} is not the share of each GPU's memory JAX may use: give a "
+                    f"number in (0, 1], e.g. {name}={RAISED_MEM_FRACTION}.")
+  return fraction
+
+
 def cuda_plugin_installed() -> bool:
   """Whether JAX's CUDA plugin is importable here (nothing is loaded)."""
   try:
@@ -159,5 +199,6 @@ def gpu_devices(topology: str) -> list:
     return list(describe())
 
 
-__all__ = ["GPU_EXTRA", "GPU_PARTS", "GpuPart", "cuda_plugin_installed", "gpu_devices",
+__all__ = ["DEFAULT_MEM_FRACTION", "GPU_EXTRA", "GPU_PARTS", "GpuPart", "MEM_FRACTION_VARS",
+           "RAISED_MEM_FRACTION", "allocator_fraction", "cuda_plugin_installed", "gpu_devices",
            "is_gpu_topology", "parse_gpu_topology", "require_cuda_plugin"]

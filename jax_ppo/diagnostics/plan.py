@@ -12,7 +12,9 @@ loop-corrected costs. The chip's peak use during a program is
            + \\text{temporaries} + \\text{resident arrays the program does not take}
 
 (the optimizer state and the reference stay on the chip while the sampler runs); a run `fits`
-when every program's peak is at most the chip's HBM (`jax_ppo.parallel.chips`).
+when every program's peak is at most the chip's HBM (`jax_ppo.parallel.chips`) on a TPU, and at
+most the share of it JAX's allocator takes on a GPU (`gpu_topology.allocator_fraction`: 75% by
+default; the advice then names `XLA_CLIENT_MEM_FRACTION` first when a larger share fits).
 
 Loops. XLA's cost analysis counts the body of a `while` loop (every `lax.scan` and
 `lax.while_loop`) once, whatever its trip count. The costs are therefore taken from variants
@@ -42,8 +44,16 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from jax_ppo.diagnostics.advice import advise
-from jax_ppo.diagnostics.gpu_topology import gpu_devices, is_gpu_topology, require_cuda_plugin
+from jax_ppo.diagnostics.advice import Advice, advise
+from jax_ppo.diagnostics.gpu_topology import (
+    DEFAULT_MEM_FRACTION,
+    MEM_FRACTION_VARS,
+    RAISED_MEM_FRACTION,
+    allocator_fraction,
+    gpu_devices,
+    is_gpu_topology,
+    require_cuda_plugin,
+)
 from jax_ppo.diagnostics.memory import shard_bytes
 from jax_ppo.diagnostics.topology import PlanError, require_libtpu, slice_mesh, tpu_devices
 from jax_ppo.models import ModelConfig
@@ -235,20 +245,32 @@ class Plan:
   """`k` when the costs come from the run at `1/k` and `2/k` of its rows
   (`row_extrapolated_costs`: the cost variants were refused at its rows; FLOPs exact, bytes
   accessed approximate); None when they were compiled at its rows."""
+  memory_fraction: float = 1.0
+  """The share of the chip's HBM the run may use: 1 on a TPU, JAX's allocator's share on a GPU
+  (`memory_fraction_of`)."""
+
+  @property
+  def usable_bytes_per_chip(self) -> int:
+    """`memory_fraction` of the chip's HBM."""
+    return int(self.hbm_per_chip_bytes * self.memory_fraction)
 
   @property
   def fits(self) -> bool:
-    """Every program's peak is at most the chip's HBM."""
-    return all(p.peak_bytes_per_chip <= self.hbm_per_chip_bytes for p in self.programs.values())
+    """Every program's peak is at most `usable_bytes_per_chip`."""
+    return all(p.peak_bytes_per_chip <= self.usable_bytes_per_chip
+               for p in self.programs.values())
 
   def to_json(self) -> dict[str, Any]:
-    """`{"topology", "chip", "chips", "hosts", "hbm_per_chip_bytes", "fits", "mesh", "dtype",
-    "resident_bytes_per_chip", "advice": [{"change", "why", "peak_bytes_per_chip", "fits"}],
-    "costs_rows_divisor", "programs": {name: {"peak_bytes_per_chip", "argument_bytes",
-    "temp_bytes", "flops", "bytes_accessed", "roofline_s", ...}}}` (bytes and FLOPs per chip)."""
+    """`{"topology", "chip", "chips", "hosts", "hbm_per_chip_bytes", "memory_fraction",
+    "usable_bytes_per_chip", "fits", "mesh", "dtype", "resident_bytes_per_chip", "advice":
+    [{"change", "why", "peak_bytes_per_chip", "fits"}], "costs_rows_divisor", "programs": {name:
+    {"peak_bytes_per_chip", "argument_bytes", "temp_bytes", "flops", "bytes_accessed",
+    "roofline_s", ...}}}` (bytes and FLOPs per chip)."""
     return {"topology": self.topology, "chip": self.chip, "chips": self.chips,
             "hosts": self.hosts, "hbm_per_chip_bytes": self.hbm_per_chip_bytes,
-            "fits": self.fits, "mesh": self.mesh, "dtype": self.dtype,
+            "memory_fraction": self.memory_fraction,
+            "usable_bytes_per_chip": self.usable_bytes_per_chip, "fits": self.fits,
+            "mesh": self.mesh, "dtype": self.dtype,
             "resident_bytes_per_chip": self.resident_bytes_per_chip,
             "advice": list(self.advice), "costs_rows_divisor": self.costs_rows_divisor,
             "programs": {name: p.to_json() for name, p in self.programs.items()}}
@@ -368,6 +390,28 @@ def topology_devices(topology: str) -> list:
   return gpu_devices(topology) if is_gpu_topology(topology) else tpu_devices(topology)
 
 
+def memory_fraction_of(topology: str) -> float:
+  """The share of a chip's HBM a run on `topology` may use: JAX's GPU allocator's
+  (`gpu_topology.allocator_fraction`, from this process's environment) for GPUs, 1 for TPUs."""
+  return allocator_fraction() if is_gpu_topology(topology) else 1.0
+
+
+def raise_fraction_advice(plan: Plan) -> list[dict[str, Any]]:
+  """For a GPU plan that does not fit JAX's allocator's share of the card and fits
+  `RAISED_MEM_FRACTION` of it, that share as the first advice (no re-planning: the programs do
+  not change); empty otherwise."""
+  peak = max(p.peak_bytes_per_chip for p in plan.programs.values())
+  if plan.fits or plan.memory_fraction >= RAISED_MEM_FRACTION:
+    return []
+  fits = peak <= int(plan.hbm_per_chip_bytes * RAISED_MEM_FRACTION)
+  if not fits:
+    return []
+  why = (f"JAX's GPU allocator takes {plan.memory_fraction:.0%} of each GPU"
+         + (" by default" if plan.memory_fraction == DEFAULT_MEM_FRACTION else "")
+         + "; an environment variable of the run, not a config key")
+  return [Advice((f"{MEM_FRACTION_VARS[0]}={RAISED_MEM_FRACTION}",), why, peak, True).to_json()]
+
+
 def plan_chip(devices: list, topology: str) -> Chip:
   """The datasheet row of the slice's chips; PlanError when the table does not list them."""
   kind = devices[0].device_kind
@@ -436,7 +480,8 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
   run = programs_of(shape, mesh)
 
   def advised():
-    return advise(shape, chips=len(devices), hbm_bytes=plan_chip(devices, topology).hbm_bytes,
+    usable = int(plan_chip(devices, topology).hbm_bytes * memory_fraction_of(topology))
+    return advise(shape, chips=len(devices), hbm_bytes=usable,
                   peaks_of=lambda s: shape_peaks(programs_of, s, topology, devices=devices))
 
   try:
@@ -452,7 +497,8 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
            "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
     raise DoesNotFit(str(e) + fix, e.required_bytes, temporaries_only=e.temporaries_only) from e
   if advice and not plan.fits:
-    plan = dataclasses.replace(plan, advice=tuple(a.to_json() for a in advised()))
+    found = raise_fraction_advice(plan) or [a.to_json() for a in advised()]
+    plan = dataclasses.replace(plan, advice=tuple(found))
   return plan
 
 
@@ -466,6 +512,7 @@ def compile_plan(programs: Mapping[str, Program],
   function, called once every program has compiled (a program that does not fit then fails
   before any cost variant is compiled), or None: no costs (GPUs)."""
   chip = plan_chip(devices, topology)
+  fraction = memory_fraction_of(topology)  # a bad variable fails before any compile
   compiled = {name: compile_program(name, program, topology=topology)
               for name, program in programs.items()}
   costs = costs() if callable(costs) else costs
@@ -476,7 +523,7 @@ def compile_plan(programs: Mapping[str, Program],
               hosts=len({d.process_index for d in devices}), hbm_per_chip_bytes=chip.hbm_bytes,
               mesh={a: int(mesh.shape[a]) for a in AXES}, dtype=dtype,
               resident_bytes_per_chip=resident_bytes,
-              programs=out)
+              programs=out, memory_fraction=fraction)
 
 
 def format_plan(plan: Plan) -> str:
@@ -486,7 +533,10 @@ def format_plan(plan: Plan) -> str:
   resident = ", ".join(f"{k} {v / gib:.3f}" for k, v in plan.resident_bytes_per_chip.items())
   lines = [
       f"{plan.topology}: {plan.chips} x {plan.chip} on {plan.hosts} host(s), mesh {mesh}, "
-      f"{plan.dtype} compute, HBM {plan.hbm_per_chip_bytes / gib:.1f} GiB per chip",
+      f"{plan.dtype} compute, HBM {plan.hbm_per_chip_bytes / gib:.1f} GiB per chip"
+      + ("" if plan.memory_fraction == 1.0 else
+         f", {plan.usable_bytes_per_chip / gib:.1f} of it for JAX's allocator "
+         f"({MEM_FRACTION_VARS[0]} {plan.memory_fraction})"),
       f"resident per chip (GiB): {resident}",
       f"{'program':<18}{'peak GiB':>10}{'args GiB':>10}{'temp GiB':>10}{'GFLOP':>12}"
       f"{'GB accessed':>13}{'roofline s':>12}",
@@ -503,7 +553,7 @@ def format_plan(plan: Plan) -> str:
                  f"{p.temp_bytes / gib:>10.3f}{costs}")
   lines.append(f"fits: {'yes' if plan.fits else 'NO'} (largest peak "
                f"{max(p.peak_bytes_per_chip for p in plan.programs.values()) / gib:.3f} GiB of "
-               f"{plan.hbm_per_chip_bytes / gib:.1f})")
+               f"{plan.usable_bytes_per_chip / gib:.1f})")
   for a in plan.advice:
     verdict = "fits" if a["fits"] else "still does not fit"
     lines.append(f"advice: {' '.join(a['change'])} ({a['why']}): largest peak "
@@ -522,10 +572,12 @@ __all__ = [
     "depth_costs",
     "grouped_depth_costs",
     "format_plan",
+    "memory_fraction_of",
     "peak_bytes",
     "plan_chip",
     "plan_programs",
     "program_peaks",
+    "raise_fraction_advice",
     "refused_peak",
     "require_compiler",
     "ROW_DIVISORS",

@@ -77,7 +77,7 @@ def slice_mesh(devices: list, config: MeshConfig | None, *, topology: str) -> Me
   try:
     return make_mesh(config or MeshConfig(), devices=devices)
   except (ValueError, AssertionError, NotImplementedError) as e:
-    raise PlanError(f"the mesh does not fit TPU topology {topology!r} ({len(devices)} chips): "
+    raise PlanError(f"the mesh does not fit topology {topology!r} ({len(devices)} chips): "
                     f"{e}") from None
 
 

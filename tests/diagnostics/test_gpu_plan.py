@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from jax_ppo.diagnostics import gpu_topology
 from jax_ppo.diagnostics.gpu_topology import cuda_plugin_installed, gpu_devices
 
 if not cuda_plugin_installed():
@@ -53,6 +54,10 @@ def test_replicated_plan_per_gpu(replicated, capsys):
   assert (replicated["topology"], replicated["chip"], replicated["chips"],
           replicated["hosts"]) == ("h100:4", "H100", 4, 1)
   assert replicated["hbm_per_chip_bytes"] == 80 * GiB and replicated["fits"] is True
+  # judged against JAX's allocator's share of the card (75% unless the environment says)
+  fraction = replicated["memory_fraction"]
+  assert fraction == gpu_topology.allocator_fraction()
+  assert replicated["usable_bytes_per_chip"] == int(fraction * 80 * GiB)
   resident = replicated["resident_bytes_per_chip"]
   assert resident["params"] == param_count(L) * 4  # float32 masters on every GPU
   assert 2 * resident["params"] <= resident["optimizer"] < 2 * resident["params"] + 1024
@@ -81,3 +86,15 @@ def test_fsdp_across_two_nodes_keeps_a_quarter_per_gpu(run_json, replicated):
     assert rep[part] / 4 <= plan.resident_bytes_per_chip[part] < 1.05 * rep[part] / 4, part
   text = plan_lib.format_plan(plan)
   assert "h200:2x2: 4 x H200 on 2 host(s)" in text and "fits: yes" in text
+
+
+def test_a_run_over_the_allocators_share_is_advised_to_raise_it(run_json, monkeypatch):
+  """With JAX's allocator given almost nothing of the card, the run does not fit, and the first
+  advice is the variable that raises the share (the programs, compiled once, do not change)."""
+  monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "1e-6")
+  config = load_run_config([str(run_json)])
+  plan = ppo_plan.plan_run(ppo_plan.run_shape(config, prompt_length=16), "h100:4")
+  assert plan.memory_fraction == 1e-6 and plan.fits is False
+  assert [a["change"] for a in plan.advice] == [["XLA_CLIENT_MEM_FRACTION=0.95"]]
+  assert plan.advice[0]["fits"] is True
+  assert "advice: XLA_CLIENT_MEM_FRACTION=0.95" in plan_lib.format_plan(plan)

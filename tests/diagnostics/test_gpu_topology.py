@@ -64,3 +64,64 @@ def test_missing_plugin_is_one_line_naming_the_extra(tmp_path, capsys):
 def test_a_gpu_topology_with_bad_sizes_is_refused_before_anything_loads(capsys):
   with pytest.raises(PlanError, match="1 to 8 GPUs per node"):
     gpu_topology.gpu_devices("h100:9")
+
+
+@pytest.mark.parametrize("environ, fraction", [
+    ({}, 0.75), ({"XLA_CLIENT_MEM_FRACTION": "0.9"}, 0.9),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".95"}, 0.95), ({"XLA_CLIENT_MEM_FRACTION": ""}, 0.75),
+    ({"XLA_CLIENT_MEM_FRACTION": "1"}, 1.0)])
+def test_allocator_fraction_is_read_as_jax_reads_it(environ, fraction):
+  assert gpu_topology.allocator_fraction(environ) == fraction
+
+
+@pytest.mark.parametrize("environ, match", [
+    ({"XLA_CLIENT_MEM_FRACTION": "0.9", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.8"},
+     "both XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are set"),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "95%"}, r"XLA_PYTHON_CLIENT_MEM_FRACTION='95%'.*\(0, 1\]"),
+    ({"XLA_CLIENT_MEM_FRACTION": "0"}, r"XLA_CLIENT_MEM_FRACTION='0'.*number in \(0, 1\]"),
+    ({"XLA_CLIENT_MEM_FRACTION": "1.5"}, "XLA_CLIENT_MEM_FRACTION=0.95")])
+def test_a_bad_allocator_fraction_names_the_variable(environ, match):
+  with pytest.raises(PlanError, match=match):
+    gpu_topology.allocator_fraction(environ)
+
+
+def _gpu_plan(peak_gib: float, fraction: float) -> plan.Plan:
+  program = plan.ProgramPlan(argument_bytes=int(peak_gib * 2**30), output_bytes=0,
+                             alias_bytes=0, temp_bytes=0, outside_bytes=0, flops=None,
+                             bytes_accessed=None, xla_flops=None, xla_bytes_accessed=None,
+                             roofline_s=None)
+  return plan.Plan(topology="h100:1", chip="H100", chips=1, hosts=1,
+                   hbm_per_chip_bytes=80 * 2**30, mesh={"data": 1, "fsdp": 1},
+                   dtype="bfloat16", resident_bytes_per_chip={},
+                   programs={"experience_update": program}, memory_fraction=fraction)
+
+
+@pytest.mark.parametrize("peak_gib, fraction, fits, advice", [
+    (59.0, 0.75, True, None),         # within 75% of 80 GiB: fits as JAX starts by default
+    (68.0, 0.75, False, "XLA_CLIENT_MEM_FRACTION=0.95"),  # over 60, under 76 GiB
+    (77.0, 0.75, False, None),        # over 95% too: the re-planned changes' turn
+    (68.0, 0.95, True, None),
+    (77.0, 0.95, False, None)])       # the share is raised already
+def test_a_gpu_plan_fits_the_allocators_share_and_advises_raising_it(peak_gib, fraction, fits,
+                                                                    advice):
+  p = _gpu_plan(peak_gib, fraction)
+  assert p.usable_bytes_per_chip == int(fraction * 80 * 2**30) and p.fits is fits
+  found = plan.raise_fraction_advice(p)
+  assert [a["change"] for a in found] == ([] if advice is None else [[advice]])
+  if found:
+    assert found[0]["fits"] and "75% of each GPU by default" in found[0]["why"]
+  as_json = p.to_json()
+  assert (as_json["memory_fraction"], as_json["usable_bytes_per_chip"],
+          as_json["fits"]) == (fraction, p.usable_bytes_per_chip, fits)
+  text = plan.format_plan(p)
+  assert f"{fraction * 80:.1f} of it for JAX's allocator (XLA_CLIENT_MEM_FRACTION {fraction})" \
+      in text and f"GiB of {fraction * 80:.1f})" in text
+
+
+def test_a_plan_reads_the_share_for_gpus_only(monkeypatch):
+  monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+  assert plan.memory_fraction_of("h200:2x8") == 0.5
+  assert plan.memory_fraction_of("v5e:2x4") == 1.0  # a TPU program may use the chip's HBM
+  monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "half")
+  with pytest.raises(PlanError, match="XLA_CLIENT_MEM_FRACTION='half'"):
+    plan.memory_fraction_of("h100:8")
