@@ -14,7 +14,7 @@ loop-corrected costs. The chip's peak use during a program is
 (the optimizer state and the reference stay on the chip while the sampler runs); a run `fits`
 when every program's peak is at most the chip's HBM (`jax_ppo.parallel.chips`) on a TPU, and at
 most the share of it JAX's allocator takes on a GPU (`gpu_topology.allocator_fraction`: 75% by
-default; the advice then names `XLA_CLIENT_MEM_FRACTION` first when a larger share fits).
+default; the advice then raises it first: `fraction_advice`).
 
 Loops. XLA's cost analysis counts the body of a `while` loop (every `lax.scan` and
 `lax.while_loop`) once, whatever its trip count. The costs are therefore taken from variants
@@ -396,20 +396,24 @@ def memory_fraction_of(topology: str) -> float:
   return allocator_fraction() if is_gpu_topology(topology) else 1.0
 
 
-def raise_fraction_advice(plan: Plan) -> list[dict[str, Any]]:
-  """For a GPU plan that does not fit JAX's allocator's share of the card and fits
-  `RAISED_MEM_FRACTION` of it, that share as the first advice (no re-planning: the programs do
-  not change); empty otherwise."""
+def fraction_advice(plan: Plan, advised: Callable[[int], list[Advice]]) -> list[Advice]:
+  """The advice for a run that does not fit (`plan`): the config changes `advised(usable)` finds
+  against `usable` bytes per chip, at the plan's share of HBM; for a GPU plan under
+  `RAISED_MEM_FRACTION`, raising JAX's allocator's share to it first: alone when the programs
+  fit that share (no re-planning: the programs do not change), else in front of the changes
+  found against it."""
+  raised = int(plan.hbm_per_chip_bytes * RAISED_MEM_FRACTION)
+  if not is_gpu_topology(plan.topology) or plan.memory_fraction >= RAISED_MEM_FRACTION:
+    return advised(plan.usable_bytes_per_chip)
+  variable = f"{MEM_FRACTION_VARS[0]}={RAISED_MEM_FRACTION}"
+  share = (f"JAX's GPU allocator takes {plan.memory_fraction:.0%} of each GPU"
+           + (" by default" if plan.memory_fraction == DEFAULT_MEM_FRACTION else "")
+           + f"; {variable} is an environment variable of the run, not a config key")
   peak = max(p.peak_bytes_per_chip for p in plan.programs.values())
-  if plan.fits or plan.memory_fraction >= RAISED_MEM_FRACTION:
-    return []
-  fits = peak <= int(plan.hbm_per_chip_bytes * RAISED_MEM_FRACTION)
-  if not fits:
-    return []
-  why = (f"JAX's GPU allocator takes {plan.memory_fraction:.0%} of each GPU"
-         + (" by default" if plan.memory_fraction == DEFAULT_MEM_FRACTION else "")
-         + "; an environment variable of the run, not a config key")
-  return [Advice((f"{MEM_FRACTION_VARS[0]}={RAISED_MEM_FRACTION}",), why, peak, True).to_json()]
+  if peak <= raised:
+    return [Advice((variable,), share, peak, True)]
+  return [dataclasses.replace(a, change=(variable, *a.change), why=f"{a.why}; {share}")
+          for a in advised(raised)]
 
 
 def plan_chip(devices: list, topology: str) -> Chip:
@@ -479,8 +483,7 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   run = programs_of(shape, mesh)
 
-  def advised():
-    usable = int(plan_chip(devices, topology).hbm_bytes * memory_fraction_of(topology))
+  def advised(usable: int) -> list[Advice]:
     return advise(shape, chips=len(devices), hbm_bytes=usable,
                   peaks_of=lambda s: shape_peaks(programs_of, s, topology, devices=devices))
 
@@ -492,13 +495,13 @@ def plan_programs(programs_of: Callable[[Any, Mesh], Any], shape: Any, topology:
   except DoesNotFit as e:
     if not advice:
       raise
-    found = advised()
+    found = advised(int(plan_chip(devices, topology).hbm_bytes * memory_fraction_of(topology)))
     fix = ("; it fits with " + " ".join(found[0].change) if found and found[0].fits else
            "; no change of mesh, accumulation, remat or LoRA makes it fit: plan a larger slice")
     raise DoesNotFit(str(e) + fix, e.required_bytes, temporaries_only=e.temporaries_only) from e
   if advice and not plan.fits:
-    found = raise_fraction_advice(plan) or [a.to_json() for a in advised()]
-    plan = dataclasses.replace(plan, advice=tuple(found))
+    plan = dataclasses.replace(plan, advice=tuple(a.to_json()
+                                                  for a in fraction_advice(plan, advised)))
   return plan
 
 
@@ -572,12 +575,12 @@ __all__ = [
     "depth_costs",
     "grouped_depth_costs",
     "format_plan",
+    "fraction_advice",
     "memory_fraction_of",
     "peak_bytes",
     "plan_chip",
     "plan_programs",
     "program_peaks",
-    "raise_fraction_advice",
     "refused_peak",
     "require_compiler",
     "ROW_DIVISORS",

@@ -2,6 +2,7 @@
 `jax-ppo plan --topology h100:8` where JAX's CUDA plugin is missing (no plugin needed; the
 compiles themselves: tests/diagnostics/test_gpu_plan.py)."""
 
+import dataclasses
 import re
 
 import pytest
@@ -97,25 +98,46 @@ def _gpu_plan(peak_gib: float, fraction: float) -> plan.Plan:
 
 
 @pytest.mark.parametrize("peak_gib, fraction, fits, advice", [
-    (59.0, 0.75, True, None),         # within 75% of 80 GiB: fits as JAX starts by default
-    (68.0, 0.75, False, "XLA_CLIENT_MEM_FRACTION=0.95"),  # over 60, under 76 GiB
-    (77.0, 0.75, False, None),        # over 95% too: the re-planned changes' turn
+    (59.0, 0.75, True, None),  # within 75% of 80 GiB: fits as JAX starts by default
+    (68.0, 0.75, False, ["XLA_CLIENT_MEM_FRACTION=0.95"]),  # over 60, under 76 GiB
+    (77.0, 0.75, False, ["XLA_CLIENT_MEM_FRACTION=0.95", "lora.rank=16"]),  # over 95% too
     (68.0, 0.95, True, None),
-    (77.0, 0.95, False, None)])       # the share is raised already
+    (77.0, 0.95, False, ["lora.rank=16"])])  # the share is raised already
 def test_a_gpu_plan_fits_the_allocators_share_and_advises_raising_it(peak_gib, fraction, fits,
                                                                     advice):
+  """`fraction_advice` with a stub search whose change (LoRA) brings the peak to 70 GiB: it
+  fits 95% of the card, not 75%."""
+  from jax_ppo.diagnostics.advice import Advice
+
+  searched = []
+
+  def advised(usable):
+    searched.append(usable)
+    return [Advice(("lora.rank=16",), "LoRA adapters", 70 * 2**30, 70 * 2**30 <= usable)]
+
   p = _gpu_plan(peak_gib, fraction)
   assert p.usable_bytes_per_chip == int(fraction * 80 * 2**30) and p.fits is fits
-  found = plan.raise_fraction_advice(p)
-  assert [a["change"] for a in found] == ([] if advice is None else [[advice]])
-  if found:
-    assert found[0]["fits"] and "75% of each GPU by default" in found[0]["why"]
+  if advice is not None:
+    found = plan.fraction_advice(p, advised)
+    assert [list(a.change) for a in found] == [advice] and found[0].fits
+    # searched against the raised share, never against 75% of the card
+    assert searched == ([] if len(advice) == 1 and fraction < 0.95 else [int(0.95 * 80 * 2**30)])
+    if fraction == 0.75:
+      assert "75% of each GPU by default" in found[0].why
   as_json = p.to_json()
   assert (as_json["memory_fraction"], as_json["usable_bytes_per_chip"],
           as_json["fits"]) == (fraction, p.usable_bytes_per_chip, fits)
   text = plan.format_plan(p)
   assert f"{fraction * 80:.1f} of it for JAX's allocator (XLA_CLIENT_MEM_FRACTION {fraction})" \
       in text and f"GiB of {fraction * 80:.1f})" in text
+
+
+def test_tpu_advice_is_searched_against_the_whole_chip():
+  tpu = dataclasses.replace(_gpu_plan(17.0, 1.0), topology="v5e:2x2", chip="v5e",
+                            hbm_per_chip_bytes=16 * 2**30)
+  searched = []
+  assert plan.fraction_advice(tpu, lambda usable: searched.append(usable) or []) == []
+  assert searched == [16 * 2**30]
 
 
 def test_a_plan_reads_the_share_for_gpus_only(monkeypatch):
