@@ -144,6 +144,16 @@ def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):
   assert script.table(records) in docs
 
 
+def test_no_committed_cell_is_stale(script):
+  """Every committed GPU cell fits `GPU_MEM_FRACTION` of its card (JAX's allocator's share the
+  table's runs start with), and says so."""
+  for path in sorted(script.RESULTS.glob("*.json")):
+    record = json.loads(path.read_text())
+    assert not script.stale(record), path.name
+    if record["generation"] in script.GPUS and record["topology"] is not None:
+      assert record["memory_fraction"] == script.GPU_MEM_FRACTION, path.name
+
+
 def test_the_program_memory_table_shows_bytes_and_refusals():
   spec = importlib.util.spec_from_file_location(
       "program_memory", SCRIPT.parent / "program_memory.py")
@@ -177,14 +187,15 @@ def test_gpu_cells_fit_the_share_jax_allocates_and_stale_ones_walk_on(script, st
   compiled = []
 
   def peaks(shape, topology_name, *, devices):
-    compiled.append(topology_name)
+    compiled.append((topology_name, shape.remat))
     return {"update": 78 * GIB // len(devices)}
 
   monkeypatch.setattr(ppo_plan, "memory_peaks", peaks)
   record = script.plan_cell("qwen3-1.7b", "ppo", "h100", tmp_path, costs=False)
   assert record["topology"] == "h100:2" and record["memory_fraction"] == 0.95
   assert record["hbm_per_chip_bytes"] == 80 * GIB and not script.stale(record)
-  # a record of 78 GiB on h100:1, written when the whole card counted: walked on from h100:2
+  # a record of 78 GiB on h100:1 with the default remat, written when the whole card counted:
+  # walked on from h100:1 with full remat (78 GiB still), then h100:2
   old = dict(record, topology="h100:1", chips=1, peak_bytes_per_chip={"update": 78 * GIB},
              tried=[{"topology": "h100:1", "remat": "dots", "peak_bytes_per_chip": 78 * GIB}])
   del old["memory_fraction"]
@@ -197,8 +208,10 @@ def test_gpu_cells_fit_the_share_jax_allocates_and_stale_ones_walk_on(script, st
   script.main(["--models", "qwen3-1.7b", "--runs", "ppo", "--generations", "h100",
                "--out", str(tmp_path), "--memory-only", "--skip-existing"])
   walked = json.loads(path.read_text())
-  assert walked["topology"] == "h100:2" and compiled == ["h100:2"]
-  assert [t["topology"] for t in walked["tried"]] == ["h100:1", "h100:2"]
+  assert walked["topology"] == "h100:2"
+  assert compiled == [("h100:1", "full"), ("h100:2", "dots")]
+  assert [(t["topology"], t["remat"]) for t in walked["tried"]] == [
+      ("h100:1", "dots"), ("h100:1", "full"), ("h100:2", "dots")]
   # a TPU cell may use the whole chip; the same 78 GiB fits a v5p chip's 95 GiB
   tpu = dict(record, generation="v5p", topology="v5p:2x2x1", hbm_per_chip_bytes=95 * GIB,
              peak_bytes_per_chip={"update": 94 * GIB})

@@ -129,8 +129,9 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
               costs: bool = True, after: dict | None = None) -> dict:
   """Walks `generation`'s slices to the smallest that fits and writes its plan (module
   docstring); without `costs`, only the fitting slice's memory (no cost variants, no roofline
-  time). `after`: a `stale` record of the cell, whose slice and those before it do not fit (the
-  walk goes on from the next, keeping what it tried)."""
+  time). `after`: a `stale` record of the cell, whose earlier slices do not fit: the walk goes
+  on from its slice, keeping what it tried and compiling no slice and remat it tried again
+  (each of those was over the share it fits now)."""
   from jax_ppo.diagnostics import ppo_plan
   from jax_ppo.diagnostics.plan import plan_chip, topology_devices
   from jax_ppo.diagnostics.topology import slice_mesh
@@ -138,7 +139,7 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
   slices = SLICES[generation]
   tried = []
   if after is not None:
-    slices = slices[slices.index(after["topology"]) + 1:]
+    slices = slices[slices.index(after["topology"]):]
     tried = list(after["tried"])
   for topology in slices:
     devices = topology_devices(topology)
@@ -149,8 +150,12 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
     if resident > usable:
       tried.append({"topology": topology, "resident_bytes_per_chip": resident})
       continue
+    peaks = None  # of the first remat that fits
     for remat in dict.fromkeys((shape.remat, FALLBACK_REMAT)):
       shape = dataclasses.replace(shape, remat=remat)
+      if any(t["topology"] == topology and t.get("remat") == remat
+             and t["peak_bytes_per_chip"] > usable for t in tried):
+        continue
       start = time.perf_counter()
       peaks = ppo_plan.memory_peaks(shape, topology, devices=devices)
       tried.append({"topology": topology, "remat": remat,
@@ -158,7 +163,8 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
                     "compile_s": round(time.perf_counter() - start, 1)})
       if max(peaks.values()) <= usable:
         break
-    if max(peaks.values()) <= usable:
+      peaks = None
+    if peaks is not None:
       record = {"model": model, "run": run, "generation": generation,
                 "prompt_tokens": PROMPT, "response_tokens": RESPONSE,
                 "rows": rows_for(len(devices)), "remat": shape.remat,
