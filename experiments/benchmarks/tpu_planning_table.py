@@ -143,7 +143,8 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
     tried = list(after["tried"])
   for topology in slices:
     devices = topology_devices(topology)
-    usable = int(plan_chip(devices, topology).hbm_bytes * memory_fraction(generation))
+    hbm = plan_chip(devices, topology).hbm_bytes
+    usable = int(hbm * memory_fraction(generation))
     shape = run_shape_for(model, run, len(devices))
     mesh = slice_mesh(devices, shape.mesh, topology=topology)
     resident = sum(ppo_plan.RunPrograms(shape, mesh).resident_bytes.values())
@@ -169,7 +170,7 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
                 "prompt_tokens": PROMPT, "response_tokens": RESPONSE,
                 "rows": rows_for(len(devices)), "remat": shape.remat,
                 "topology": topology, "chips": len(devices),
-                "hbm_per_chip_bytes": plan_chip(devices, topology).hbm_bytes,
+                "hbm_per_chip_bytes": hbm,
                 "memory_fraction": memory_fraction(generation),
                 "peak_bytes_per_chip": peaks, "resident_bytes_per_chip": resident,
                 "plan": None, "tried": tried, "host": host_record(),
