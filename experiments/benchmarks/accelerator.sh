@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rollout, forward/backward and PPO-step benchmarks on one accelerator, each writing JSON with MFU
 # and HBM-bandwidth use against the card's datasheet peaks (experiments/benchmarks/device_peaks.py,
-# keyed by jax's device_kind). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
+# keyed by jax's device_kind), and the PPO step's compiled roofline beside its measured time
+# (ppo_roofline.py). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
 #
 #   experiments/benchmarks/accelerator.sh [OUT_DIR]            # default OUT_DIR: bench_out
 #   experiments/benchmarks/accelerator.sh --dry-run [OUT_DIR]  # tiny shapes on the CPU (smoke test)
@@ -77,6 +78,9 @@ run_step() {  # name, script, args...
 }
 
 run_step ppo_bf16 ppo_step.py "${PPO_BF16[@]}"
+# ppo_roofline: XLA's compiled cost of ppo_bf16's programs on this card (every loop trip counted)
+# and their roofline time, beside ppo_bf16's measured rollout / score / update.
+run_step ppo_roofline ppo_roofline.py --measured "$OUT/ppo_bf16.json"
 run_step rollout_bf16 rollout.py "${ROLLOUT_BF16[@]}"
 run_step forward forward.py "${FORWARD[@]}"
 run_step rollout_bf16w rollout.py "${ROLLOUT_BF16W[@]}"

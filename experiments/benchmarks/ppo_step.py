@@ -91,31 +91,35 @@ def make_prompts(vocab_size: int, n: int = 256, seed: int = 1) -> list[list[int]
           for _ in range(n)]
 
 
+def hf_configs(shape: dict) -> dict:
+  """The Hugging Face configs of the random policy ("policy", a causal LM) and of the reward and
+  value models ("reward", "value": one-label sequence classifiers) of `shape`."""
+  import transformers
+
+  shape = dict(shape)
+  family = shape.pop("model_type", "gpt2")
+  config_cls = {"gpt2": transformers.GPT2Config, "qwen3": transformers.Qwen3Config}[family]
+  pad = shape["vocab_size"] - 1
+  eos = shape["vocab_size"] - 2
+  ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
+  return {"policy": config_cls(**shape, **ids),
+          **{name: config_cls(**shape, num_labels=1, **ids) for name in ("reward", "value")}}
+
+
 def build_models(shape: dict, folder: str) -> dict[str, str]:
   """Random HF policy, reward and value models written to `folder`; returns their paths."""
   import torch
   import transformers
 
   torch.manual_seed(0)
-  shape = dict(shape)
-  family = shape.pop("model_type", "gpt2")
-  config_cls, lm_cls, seq_cls = {
-      "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel,
-               transformers.GPT2ForSequenceClassification),
-      "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
-                transformers.Qwen3ForSequenceClassification),
-  }[family]
-  pad = shape["vocab_size"] - 1
-  eos = shape["vocab_size"] - 2
-  cfg = config_cls(**shape, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad)
+  lm_cls, seq_cls = {
+      "gpt2": (transformers.GPT2LMHeadModel, transformers.GPT2ForSequenceClassification),
+      "qwen3": (transformers.Qwen3ForCausalLM, transformers.Qwen3ForSequenceClassification),
+  }[shape.get("model_type", "gpt2")]
   paths = {}
-  paths["policy"] = os.path.join(folder, "policy")
-  lm_cls(cfg).save_pretrained(paths["policy"])
-  for name in ("reward", "value"):
+  for name, cfg in hf_configs(shape).items():
     paths[name] = os.path.join(folder, name)
-    seq_cfg = config_cls(**shape, num_labels=1, bos_token_id=eos, eos_token_id=eos,
-                         pad_token_id=pad)
-    seq_cls(seq_cfg).save_pretrained(paths[name])
+    (lm_cls if name == "policy" else seq_cls)(cfg).save_pretrained(paths[name])
   return paths
 
 
@@ -133,12 +137,30 @@ def build_models_elsewhere(shape_name: str, folder: str, python: str) -> dict[st
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def ppo_config(args, vocab_size: int):
+  """The run's `PPOConfig` (`args`: `batch`, `response_length`, `warmup`, `updates`,
+  `train_layers`, `rollout_layers`; the same fields of a result's "config" record)."""
+  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling
+
+  return PPOConfig(
+      batch_size=args.batch, num_minibatches=1, ppo_epochs=4,
+      sampling=PPOSampling(max_new_tokens=args.response_length, temperature=0.7,
+                           stop_token_ids=(), pad_token_id=vocab_size - 1),
+      kl_coef=0.05,
+      kl_controller="fixed", optimizer=PPOOptimizer(learning_rate=3e-6),
+      total_updates=args.warmup + args.updates,
+      vf_coef=0.1,
+      train_scan_layers=LAYER_LOOPS[args.train_layers],
+      rollout_scan_layers=LAYER_LOOPS[args.rollout_layers],
+  )
+
+
 def run_jax(args, shape: dict) -> dict:
   import jax.numpy as jnp
 
   import jax_ppo.models as models
   from jax_ppo.data import PromptDataset
-  from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
+  from jax_ppo.ppo import PPOTrainer
   from jax_ppo.ppo.perf import measure_matmul_peak
 
   with tempfile.TemporaryDirectory() as tmp:
@@ -154,16 +176,7 @@ def run_jax(args, shape: dict) -> dict:
   vocab = shape["vocab_size"]
   prompts = make_prompts(vocab)
   total = args.warmup + args.updates
-  config = PPOConfig(
-      batch_size=args.batch, num_minibatches=1, ppo_epochs=4,
-      sampling=PPOSampling(max_new_tokens=args.response_length, temperature=0.7,
-                           stop_token_ids=(), pad_token_id=vocab - 1),
-      kl_coef=0.05,
-      kl_controller="fixed", optimizer=PPOOptimizer(learning_rate=3e-6), total_updates=total,
-      vf_coef=0.1,
-      train_scan_layers=LAYER_LOOPS[args.train_layers],
-      rollout_scan_layers=LAYER_LOOPS[args.rollout_layers],
-  )
+  config = ppo_config(args, vocab)
   peak = measure_matmul_peak(2048)
   t0 = time.perf_counter()
   trainer = PPOTrainer(

@@ -1,11 +1,13 @@
 """`jax-ppo plan` for NVIDIA GPU nodes, compiled on this CPU host by JAX's CUDA plugin: the
 devices of one and of two nodes, the plan's bytes per GPU against arithmetic, FSDP across two
-nodes, and a plan without costs (XLA's GPU compiler has no cost analysis without a GPU).
+nodes, a plan without costs (XLA's GPU compiler has no cost analysis without a GPU), and the
+cost variants a GPU plans its costs from compiling for one.
 
 Needs the CUDA plugin (the `jax_ppo[plan-gpu]` extra), which the main test environment does not
 have: `.ci/run` runs this file in the plans' virtual environment, beside the TPU plans' tests.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -22,6 +24,7 @@ from tiny_plan_run import param_count, write_run  # noqa: E402
 from jax_ppo import cli  # noqa: E402
 from jax_ppo.diagnostics import plan as plan_lib  # noqa: E402
 from jax_ppo.diagnostics import ppo_plan  # noqa: E402
+from jax_ppo.parallel.mesh import MeshConfig, make_mesh  # noqa: E402
 from jax_ppo.runs.ppo_config import load_run_config  # noqa: E402
 
 L = 2  # the policy's layers
@@ -98,3 +101,34 @@ def test_a_run_over_the_allocators_share_is_advised_to_raise_it(run_json, monkey
   assert [a["change"] for a in plan.advice] == [["XLA_CLIENT_MEM_FRACTION=0.95"]]
   assert plan.advice[0]["fits"] is True
   assert "advice: XLA_CLIENT_MEM_FRACTION=0.95" in plan_lib.format_plan(plan)
+
+
+def test_the_cost_variants_compile_for_a_gpu(run_json, monkeypatch):
+  """On a GPU, costs come from variants of the run's programs (`ppo_plan.layer_costs`: 1 and 2
+  unrolled layers, every decode loop's step at full depth, one microbatch's gradient, one
+  optimizer step), as experiments/benchmarks/ppo_roofline.py takes them on the card: each
+  compiles for a GPU, here with a reward model and a separate critic as that benchmark's run.
+  Without a GPU there is no cost analysis, so a unit cost stands in for each compiled one."""
+  # 4 epochs, as the benchmark's: the fused update's later epochs add a microbatch's gradient
+  # and an optimizer step per trip beyond XLA's one (`ppo_plan.loop_trips`)
+  config = load_run_config([str(run_json), "ppo.ppo_epochs=4"])
+  shape = ppo_plan.run_shape(config, prompt_length=16)
+  shape = dataclasses.replace(shape, reward_models=(shape.model,), critic=shape.model)
+  compiled = []
+
+  def unit_cost(executable):
+    assert executable.cost_analysis() in (None, {}, [], [{}])  # no cost analysis without a GPU
+    compiled.append(executable.memory_analysis().temp_size_in_bytes)
+    return plan_lib.Cost(1.0, 1.0)
+
+  monkeypatch.setattr(plan_lib, "xla_cost", unit_cost)
+  monkeypatch.setattr(ppo_plan, "xla_cost", unit_cost)
+  mesh = make_mesh(MeshConfig(), devices=gpu_devices("h100:1"))
+  costs = ppo_plan.layer_costs(shape, mesh, topology="h100:1")
+  decode = [n for n in costs if n.startswith("decode_step_")]
+  assert set(costs) == {"generate", "score", "experience_update", "microbatch_grad",
+                        "optimizer_step", *decode} and decode
+  # the programs and the update's pieces at 1 layer, again at 2 (every model has the policy's 2
+  # layers); each decode step once, at full depth
+  assert len(compiled) == 2 * (len(costs) - len(decode)) + len(decode)
+  assert all(c == plan_lib.Cost(1.0, 1.0) for c in costs.values())
