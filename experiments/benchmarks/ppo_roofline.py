@@ -18,7 +18,9 @@ A ratio (measured / roofline) near 1 leaves nothing to gain on the chip; a large
 compiled programs do not account for by FLOPs or bytes: launch and host overhead between
 kernels, the host work of each phase (prompt batches, the step's bookkeeping), kernels below the
 chip's peaks. The roofline is a bound from XLA's own counts, not a prediction: every decode step
-runs to `max_new_tokens` in both (the workload has no stop token).
+runs to `max_new_tokens` in both (the workload has no stop token). XLA's GPU cost analysis counts
+the FLOPs of cuBLAS matmuls; a custom call it has no model for (a cuDNN attention kernel, in some
+XLA versions) may add its bytes without its FLOPs, which can only lower the bound.
 
 On a CPU there is no datasheet row: the costs are reported without a roofline time, unless
 `BENCH_DEVICE_KIND` names a chip (accelerator.sh --dry-run sets the H200's, so that the CPU smoke
