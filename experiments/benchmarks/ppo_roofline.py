@@ -6,7 +6,7 @@ model) and update (reference log-probs, advantages and the training epochs). Thi
 the workload from that record's "config" (model shape, batch, response tokens, dtype, remat,
 layer loops) and compiles the run's programs as `jax-ppo plan` does
 (`jax_ppo.diagnostics.ppo_plan`: `generate`, `score`, `experience_update` with one minibatch),
-on this process's devices instead of a TPU slice, with every loop trip counted
+on this process's first device instead of a TPU slice, with every loop trip counted
 (`ppo_plan.layer_costs`, `loop_corrected`: XLA counts a loop body once). Each program's roofline
 time is `max(FLOPs / peak, bytes accessed / HBM bandwidth)` on the card's datasheet row
 (`jax_ppo.parallel.chips`; the compute dtype picks the peak), and each phase is set beside its
@@ -96,14 +96,14 @@ def run_shape(workload: dict):
 
 
 def program_costs(shape) -> dict:
-  """`{program: Cost}` of the run's programs on all of this process's devices (a data-parallel
-  mesh, as `PPOTrainer` without a mesh runs on one device), every loop trip counted."""
+  """`{program: Cost}` of the run's programs on this process's first device (`PPOTrainer`
+  without a mesh, as `ppo_step.py` builds it, runs on one), every loop trip counted."""
   import jax
 
   from jax_ppo.diagnostics.ppo_plan import layer_costs, loop_corrected, sampling_config
   from jax_ppo.parallel.mesh import MeshConfig, make_mesh
 
-  devices = jax.devices()
+  devices = jax.devices()[:1]
   mesh = make_mesh(MeshConfig(), devices=devices)
   label = f"{devices[0].platform}:{len(devices)} ({devices[0].device_kind})"
   xla = layer_costs(shape, mesh, topology=label)
@@ -169,7 +169,7 @@ def main(argv=None) -> dict:
       device_kind=kind, peak_table_key=chip and chip.name,
       peak_flops=chip and chip.peak_flops(workload["dtype"]),
       peak_hbm_bytes_s=chip and chip.hbm_bytes_s, compile_s=compile_s,
-      backend=jax.default_backend(), devices=len(jax.devices()), jax=jax.__version__,
+      backend=jax.default_backend(), jax=jax.__version__,
       host=host_record())
   row = (f"on the {chip.name} row ({result['peak_flops'] / 1e12:.1f} TFLOP/s {workload['dtype']}, "
          f"{chip.hbm_bytes_s / 1e12:.2f} TB/s)" if chip else "(no datasheet row: costs only)")
