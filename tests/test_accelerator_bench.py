@@ -124,8 +124,8 @@ def test_accelerator_script_dry_run(tmp_path):
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["dry_run"] is True and summary["device"].startswith("cpu")
   assert {k: v["rc"] for k, v in summary["steps"].items()} == {
-      "ppo_bf16": 0, "ppo_roofline": 0, "rollout_bf16": 0, "forward": 0, "rollout_bf16w": 0,
-      "ppo_fp32": 0}
+      "ppo_bf16": 0, "ppo_roofline": 0, "rollout_bf16": 0, "decode_waste": 0, "forward": 0,
+      "rollout_bf16w": 0, "ppo_fp32": 0}
   # The dry run computes the fractions against the H200 row (BENCH_DEVICE_KIND), each against
   # the peak of the step's compute dtype.
   for name, dtype in (("rollout_bf16", "bfloat16"), ("rollout_bf16w", "bfloat16")):
@@ -158,3 +158,11 @@ def test_accelerator_script_dry_run(tmp_path):
   # 4 epochs of forward and backward over the policy and the critic outweigh one sampling pass
   programs = roofline["programs"]
   assert programs["experience_update"]["flops"] > 4 * programs["generate"]["flops"] > 0
+  # the decode ratio of tpu_waste.py, compiled for this process's device
+  waste = json.loads((tmp_path / "decode_waste.json").read_text())
+  assert (waste["topology"], waste["chips"]) == ("local", 1)
+  decode = waste["decode_bytes"]
+  assert decode["ideal_bytes_per_chip"] == (decode["weights_bytes_per_chip"]
+                                            + decode["live_kv_bytes_per_chip"]) > 0
+  assert decode["ratio"] == pytest.approx(decode["compiled_bytes_per_chip"]
+                                          / decode["ideal_bytes_per_chip"])

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Rollout, forward/backward and PPO-step benchmarks on one accelerator, each writing JSON with MFU
 # and HBM-bandwidth use against the card's datasheet peaks (experiments/benchmarks/device_peaks.py,
-# keyed by jax's device_kind), and the PPO step's compiled roofline beside its measured time
-# (ppo_roofline.py). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
+# keyed by jax's device_kind), the PPO step's compiled roofline beside its measured time
+# (ppo_roofline.py) and the decode step's compiled bytes over the ideal (tpu_waste.py). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
 #
 #   experiments/benchmarks/accelerator.sh [OUT_DIR]            # default OUT_DIR: bench_out
 #   experiments/benchmarks/accelerator.sh --dry-run [OUT_DIR]  # tiny shapes on the CPU (smoke test)
@@ -40,6 +40,8 @@ if [ "$DRY" = 1 ]; then
                  --dtype bfloat16 --param-dtype bfloat16)
   PPO_FP32=(--shape tiny --batch 2 --response-length 4 --warmup 0 --updates 1
             --no-second-invocation)
+  DECODE_WASTE=(--topology local --parts decode --layers 2 --rows 2 --microbatch 2 --prompt 16
+                --response 16)
 else
   # ppo_bf16: the PPO update (rollout / score / update split, MFU) at the 86M "base" shape in
   # bfloat16 compute with float32 master weights, 64 rows of ~30 prompt + 128 response tokens.
@@ -57,6 +59,11 @@ else
   # ppo_fp32: the CPU reference workload (base shape, batch 8, 48 tokens, float32), whose CPU
   # and TRL figures docs/benchmarks.md gives.
   PPO_FP32=(--shape base --warmup 2 --updates 4 --train-layers scan --no-second-invocation)
+  # decode_waste: the sampler's decode step compiled for this card at Qwen3-0.6B's shapes (64
+  # rows of 512 + 512 slots, bfloat16), XLA's bytes accessed over the ideal (weights and live KV
+  # cache read once) and over the GPU cost model's own floor: tpu_waste.py's decode ratio, as the
+  # GPU's cost analysis counts it (compiles only; nothing is allocated).
+  DECODE_WASTE=(--topology local --parts decode)
 fi
 BUDGET=${BUDGET:-420}
 
@@ -82,6 +89,7 @@ run_step ppo_bf16 ppo_step.py "${PPO_BF16[@]}"
 # and their roofline time, beside ppo_bf16's measured rollout / score / update.
 run_step ppo_roofline ppo_roofline.py --measured "$OUT/ppo_bf16.json"
 run_step rollout_bf16 rollout.py "${ROLLOUT_BF16[@]}"
+run_step decode_waste tpu_waste.py "${DECODE_WASTE[@]}"
 run_step forward forward.py "${FORWARD[@]}"
 run_step rollout_bf16w rollout.py "${ROLLOUT_BF16W[@]}"
 run_step ppo_fp32 ppo_step.py "${PPO_FP32[@]}"

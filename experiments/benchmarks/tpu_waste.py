@@ -55,7 +55,11 @@ and the step's bytes are `sum_k n_k bytes_k / (T - 1)`.
 (`--layers 4` for a quick look: (a) compiles 1 and 2 layers whatever the depth, (b) the depth
 given).
 
-needs libtpu (the `jax_ppo[tpu]` extra; one process at a time may load it on a host).
+For a TPU slice it needs libtpu (the `jax_ppo[tpu]` extra; one process at a time may load it on a
+host). `--topology local` compiles the same programs for this process's first device instead:
+on a GPU, with XLA's GPU cost analysis (which XLA's GPU compiler has only with a GPU present), so
+the ratios, and the cost model's floors of (b), are the GPU cost model's
+(`accelerator.sh`'s `decode_waste` step: `--parts decode`). On a CPU it checks the plumbing only.
 """
 
 from __future__ import annotations
@@ -74,11 +78,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from host import host_line, host_record  # noqa: E402
 
 GOALS = {"update_flops": 1.35, "decode_bytes": 1.25, "fsdp_hbm": 1.1}
+LOCAL = "local"
+"""`--topology local`: compile for this process's first device instead of a TPU slice."""
+
+
+def libtpu_version() -> str | None:
+  """The installed libtpu's version; None without it (`--topology local` on a GPU)."""
+  try:
+    return importlib.metadata.version("libtpu")
+  except importlib.metadata.PackageNotFoundError:
+    return None
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--topology", default="v5e:2x4", help="TPU slice libtpu describes")
+  p.add_argument("--topology", default="v5e:2x4",
+                 help="TPU slice libtpu describes, or 'local': this process's first device (on "
+                      "a GPU, XLA's GPU cost analysis of the same programs)")
   p.add_argument("--layers", type=int, default=28, help="model depth (Qwen3-0.6B: 28)")
   p.add_argument("--rows", type=int, default=64, help="rows per update (batch_size)")
   p.add_argument("--prompt", type=int, default=512, help="prompt slots per row")
@@ -189,7 +205,7 @@ def main(argv=None) -> int:
   parts = set(args.parts.split(","))
   t_start = time.perf_counter()
   config = qwen3_config(args.layers)
-  devices = tpu_devices(args.topology)
+  devices = jax.devices()[:1] if args.topology == LOCAL else tpu_devices(args.topology)
   n = len(devices)
   mesh = slice_mesh(devices, MeshConfig(), topology=args.topology)
 
@@ -215,7 +231,7 @@ def main(argv=None) -> int:
   results = {
       "benchmark": "tpu_waste", "topology": args.topology, "chips": n,
       "chip": devices[0].device_kind, "host": host,
-      "versions": {"jax": jax.__version__, "libtpu": importlib.metadata.version("libtpu"),
+      "versions": {"jax": jax.__version__, "libtpu": libtpu_version(),
                    "python": platform.python_version()},
       "model": "Qwen3-0.6B shapes", "layers": args.layers, "rows": args.rows,
       "prompt": args.prompt, "response": args.response, "microbatch": args.microbatch,
