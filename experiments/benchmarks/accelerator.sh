@@ -2,7 +2,8 @@
 # Rollout, forward/backward and PPO-step benchmarks on one accelerator, each writing JSON with MFU
 # and HBM-bandwidth use against the card's datasheet peaks (experiments/benchmarks/device_peaks.py,
 # keyed by jax's device_kind), the PPO step's compiled roofline beside its measured time
-# (ppo_roofline.py) and the decode step's compiled bytes over the ideal (tpu_waste.py). Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
+# (ppo_roofline.py) and the decode step's compiled bytes over the ideal (tpu_waste.py).
+# Budget: BUDGET seconds (default 420, 7 minutes) on one GPU.
 #
 #   experiments/benchmarks/accelerator.sh [OUT_DIR]            # default OUT_DIR: bench_out
 #   experiments/benchmarks/accelerator.sh --dry-run [OUT_DIR]  # tiny shapes on the CPU (smoke test)
