@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from jax_ppo.parallel.chips import chip_for
+from jax_ppo.parallel.chips import Chip, chip_for
 
 
 def peaks(device_kind: str) -> dict[str, float] | None:
@@ -25,12 +25,18 @@ def peaks(device_kind: str) -> dict[str, float] | None:
           "hbm_bytes_s": chip.hbm_bytes_s}
 
 
+def bench_chip(device_kind: str) -> tuple[str, Chip | None]:
+  """`(kind, row)`: the device kind the benchmark reports (`BENCH_DEVICE_KIND` when set, else
+  `device_kind`) and its datasheet row (None for an unknown device, e.g. a CPU)."""
+  device_kind = os.environ.get("BENCH_DEVICE_KIND", device_kind)
+  return device_kind, chip_for(device_kind)
+
+
 def utilisation(device_kind: str, *, dtype: str = "float32", flops_per_s: float | None = None,
                 bytes_per_s: float | None = None) -> dict:
   """`{"device_kind", "peak_flops", "mfu", "peak_hbm_bytes_s", "hbm_bandwidth_use"}` from
   measured rates; the fractions are None when the device or the rate is unknown."""
-  device_kind = os.environ.get("BENCH_DEVICE_KIND", device_kind)
-  chip = chip_for(device_kind)
+  device_kind, chip = bench_chip(device_kind)
   out = {"device_kind": device_kind, "peak_table_key": chip and chip.name,
          "peak_flops": None, "mfu": None, "peak_hbm_bytes_s": None, "hbm_bandwidth_use": None}
   if chip is None:

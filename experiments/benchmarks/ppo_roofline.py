@@ -71,14 +71,13 @@ def read_measured(path: str) -> dict:
 def run_shape(workload: dict):
   """The `ppo_plan.RunShape` of the run `ppo_step.py` times for `workload` (a record's
   "config"): its policy, reward model and critic of `ppo_step.SHAPES[shape]`, its `PPOConfig`
-  (`ppo_step.ppo_config`), and the prompt length the sampler pads its 28-32-token prompts to
-  (its first bucket under the context budget that holds 32, as `rollout.batching` picks it)."""
+  (`ppo_step.ppo_config`), and the prompt length the sampler pads the benchmark's prompts
+  (`ppo_step.make_prompts`) to (`rollout.batching.left_pad_prompts`, as the trainer pads them)."""
   import ppo_step
 
-  from jax_ppo.diagnostics.ppo_plan import RunShape
+  from jax_ppo.diagnostics.ppo_plan import RunShape, sampling_config
   from jax_ppo.diagnostics.shapes import plan_model_config
-  from jax_ppo.rollout.batching import bucket_for
-  from jax_ppo.rollout.config import SamplingConfig
+  from jax_ppo.rollout.batching import left_pad_prompts
 
   shape = ppo_step.SHAPES[workload["shape"]]
   with tempfile.TemporaryDirectory() as tmp:
@@ -87,10 +86,9 @@ def run_shape(workload: dict):
       hf.save_pretrained(os.path.join(tmp, name))
       configs[name] = plan_model_config(os.path.join(tmp, name))
   ppo = ppo_step.ppo_config(types.SimpleNamespace(**workload), shape["vocab_size"])
-  budget = configs["policy"].max_position_embeddings - ppo.sampling.max_new_tokens
-  candidates = [b for b in SamplingConfig().prompt_buckets if b < budget] + [budget]
-  return RunShape(model=configs["policy"], ppo=ppo,
-                  prompt_length=bucket_for(32, candidates, what="prompt length"),
+  ids, _ = left_pad_prompts(ppo_step.make_prompts(shape["vocab_size"]), sampling_config(ppo),
+                            max_context=configs["policy"].max_position_embeddings)
+  return RunShape(model=configs["policy"], ppo=ppo, prompt_length=ids.shape[1],
                   dtype=workload["dtype"], remat=workload["remat"],
                   reward_models=(configs["reward"],), critic=configs["value"])
 
@@ -153,12 +151,10 @@ def main(argv=None) -> dict:
   record = read_measured(args.measured)
   workload = record["config"]
 
+  import device_peaks
   import jax
 
-  from jax_ppo.parallel.chips import chip_for
-
-  kind = os.environ.get("BENCH_DEVICE_KIND", jax.devices()[0].device_kind)
-  chip = chip_for(kind)
+  kind, chip = device_peaks.bench_chip(jax.devices()[0].device_kind)
   start = time.perf_counter()
   shape = run_shape(workload)
   costs = program_costs(shape)
