@@ -72,6 +72,7 @@ from jax_ppo.models import (
   ModelConfig,
   ScalarModel,
   add_lora,
+  compute_weights,
   layer_loop,
 )
 from jax_ppo.models import init_cache as new_cache
@@ -90,7 +91,9 @@ from jax_ppo.rollout.sampler import (
   DecodeSegment,
   Rollout,
   decode_body,
+  decode_state_jit,
   generate,
+  sampler_mesh,
   segment_schedule,
 )
 from jax_ppo.runs.common import DTYPES, resolve_model_paths
@@ -369,15 +372,27 @@ class RunPrograms:
     c, mesh, sampling = self.ppo, self.mesh, self.sampling
     p, b, s, t = c.prompts_per_update, c.batch_size, self.prompt_length, sampling.max_new_tokens
     policy = (self.state.policy, self.frozen.policy_rest)
-    key = placed_abstract(jax.eval_shape(lambda: jax.random.PRNGKey(0)), "replicated", mesh)
-    ids = self._abstract((p, s), jnp.int32)
-    gen = self._mesh_jit(functools.partial(generate, self.sampler_graphdef, config=sampling,
-                                           mesh=mesh),
-                         dict(in_roles=("params", "batch", "batch", "replicated"),
-                              out_roles="batch"))
     resident = sum(self.resident_bytes.values())
-    out = {"generate": Program(gen, (policy, ids, ids, key),
-                               resident - shard_bytes(policy))}
+    out = {}
+    # The sampler's mesh: the run's, or its devices regrouped for a tensor-parallel rollout,
+    # which takes a copy of the policy (matrices in the compute dtype) made by `decode_state`
+    # while the run's own stays resident.
+    gen_mesh = sampler_mesh(mesh, sampling, self.model_config)
+    gen_policy, gen_outside = policy, resident - shard_bytes(policy)
+    if gen_mesh is not mesh:
+      place = decode_state_jit(policy, gen_mesh, self.dtype)
+      out["decode_state"] = Program(place.lower, (policy,), resident - shard_bytes(policy))
+      gen_policy = placed_abstract(
+          jax.eval_shape(functools.partial(compute_weights, dtype=self.dtype), policy),
+          "params", gen_mesh)
+      gen_outside = resident
+    key = placed_abstract(jax.eval_shape(lambda: jax.random.PRNGKey(0)), "replicated", gen_mesh)
+    ids = placed_abstract(jax.ShapeDtypeStruct((p, s), jnp.int32), "batch", gen_mesh)
+    gen = MeshJit(functools.partial(generate, self.sampler_graphdef, config=sampling,
+                                    mesh=gen_mesh),
+                  gen_mesh, in_roles=("params", "batch", "batch", "replicated"),
+                  out_roles="batch", keep_unused=True).lower
+    out["generate"] = Program(gen, (gen_policy, ids, ids, key), gen_outside)
     rollout = Rollout(
         prompt_ids=self._abstract((b, s), jnp.int32), prompt_mask=self._abstract((b, s), jnp.int32),
         response_ids=self._abstract((b, t), jnp.int32),
@@ -418,21 +433,26 @@ class RunPrograms:
       wanted = PIECES if pieces is True else tuple(pieces)
       chosen = lambda k: k in wanted or (k.startswith("decode_step_")  # noqa: E731
                                          and "decode_step" in wanted)
-      out.update({k: v for k, v in self._pieces(policy, key, batch, kl).items() if chosen(k)})
+      out.update({k: v for k, v in self._pieces(gen_policy, key, batch, kl, gen_mesh).items()
+                  if chosen(k)})
     return out
 
-  def _pieces(self, policy, key, batch, kl) -> dict[str, Program]:
+  def _pieces(self, policy, key, batch, kl, gen_mesh: Mesh) -> dict[str, Program]:
+    """The loop bodies; the decode steps on the sampler's mesh `gen_mesh` (with `policy` and
+    `key` placed there), the update's on the run's."""
     c, mesh, steps = self.ppo, self.mesh, self.steps
     b, s, t = c.batch_size, self.prompt_length, self.sampling.max_new_tokens
     cache = jax.eval_shape(lambda: new_cache(self.model_config, batch_size=b,
                                              max_length=s + t - 1, dtype=self.dtype))
     cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                         cache, rules.cache_shardings(cache, mesh))
-    rows = lambda dt: self._abstract((b,), dt)  # noqa: E731
-    carry = DecodeCarry(step=self._abstract((), jnp.int32, "replicated"), token=rows(jnp.int32),
+                         cache, rules.cache_shardings(cache, gen_mesh))
+    on_gen = lambda shape, dt, role="batch": placed_abstract(  # noqa: E731
+        jax.ShapeDtypeStruct(shape, dt), role, gen_mesh)
+    rows = lambda dt: on_gen((b,), dt)  # noqa: E731
+    carry = DecodeCarry(step=on_gen((), jnp.int32, "replicated"), token=rows(jnp.int32),
                         done=rows(jnp.bool_), done_before=rows(jnp.bool_),
-                        tokens=self._abstract((b, t), jnp.int32),
-                        logprobs=self._abstract((b, t), jnp.float32), cache=cache)
+                        tokens=on_gen((b, t), jnp.int32),
+                        logprobs=on_gen((b, t), jnp.float32), cache=cache)
     graphdef, sampling = self.sampler_graphdef, self.sampling
     # As `generate` runs its loop body: the weight matrices already in the compute dtype (XLA
     # hoists their loop-invariant converts out of the decode loop) and the carry (the KV cache)
@@ -455,7 +475,7 @@ class RunPrograms:
                            out_shardings=auto(carry), donate_argnums=(1,))
 
       def lower(*args):
-        with rules.gather_layers(mesh):
+        with rules.gather_layers(gen_mesh):
           return decode_jit.lower(*args)
       return lower
 

@@ -140,7 +140,7 @@ from jax_ppo.models.hf import (
     save_peft_adapter,
     save_pretrained,
 )
-from jax_ppo.models.layers import ScalarHead
+from jax_ppo.models.layers import ScalarHead, compute_weights
 from jax_ppo.models.logprobs import LOGITS_CHUNK_BYTES, head_logprobs, logits_chunk
 from jax_ppo.models.lora import LoRAConfig, add_lora, has_lora, merge_lora, split_lora
 from jax_ppo.models.resize import resize_token_embeddings
@@ -187,6 +187,7 @@ __all__ = [
     "add_lora",
     "check_token_ids",
     "check_vocab_covers",
+    "compute_weights",
     "decode_step",
     "encode_chat",
     "ensure_pad_token",

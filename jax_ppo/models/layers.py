@@ -178,6 +178,29 @@ class Embed(nnx.Module):
     return jnp.dot(x.astype(self.dtype), self.embedding[...].astype(self.dtype).T)
 
 
+#: Variables that `Linear` and `Embed` cast to their compute dtype before every use.
+CAST_VARIABLES = ("kernel", "bias", "lora_a", "lora_b", "embedding")
+
+
+def compute_weights(state, dtype):
+  """`state` (a model's parameters, or any pytree whose paths end in their names) with every
+  floating leaf that `Linear` and `Embed` cast to the compute dtype before use
+  (`CAST_VARIABLES`) cast to `dtype` ahead of time; norm scales and other leaves unchanged.
+
+  A program run on the result computes exactly what it computes on `state` (the layers' casts
+  become identities) and reads `dtype`'s bytes, not the float32 masters'.
+  """
+  def one(path, x):
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    if names and names[-1] == "value":  # an `nnx.Variable`'s array
+      names.pop()
+    if names and names[-1] in CAST_VARIABLES and jnp.issubdtype(x.dtype, jnp.floating):
+      return x.astype(dtype)
+    return x
+
+  return jax.tree_util.tree_map_with_path(one, state)
+
+
 def rope_cos_sin(positions: Array, inv_freq: Array) -> tuple[Array, Array]:
   r"""Rotary tables for `positions` `[B, S]`: `cos`, `sin` `[B, S, Dh]` float32.
 

@@ -3,7 +3,8 @@
 Public API (everything a run needs; see each module for details):
 
 * `MeshConfig(data=-1, fsdp=1, tensor=1)` and `make_mesh(config)`: the mesh, axes
-  `("data", "fsdp", "tensor")` (`jax_ppo.parallel.mesh`);
+  `("data", "fsdp", "tensor")` (`jax_ppo.parallel.mesh`); `decode_mesh(mesh, k)`: its devices
+  regrouped `(n/k, 1, k)` for a tensor-parallel rollout (`SamplingConfig.decode_tensor`);
 * `param_shardings(tree, mesh)` / `shard_params(tree, mesh)`: parameters, optimizer states,
   `TrainState` and `FrozenParams` placed by the logical-axis rules (`jax_ppo.parallel.rules`:
   `MESH_RULES`, `PARAM_AXES`, `logical_axes`, `partition_spec`);
@@ -37,7 +38,14 @@ the scale check that runs one on several processes are in `jax_ppo.diagnostics`.
 
 from jax_ppo.parallel.distributed import DistributedConfig
 from jax_ppo.parallel.jit import MeshJit, shardings_for
-from jax_ppo.parallel.mesh import AXES, BATCH_AXES, MeshConfig, batch_axis_size, make_mesh
+from jax_ppo.parallel.mesh import (
+  AXES,
+  BATCH_AXES,
+  MeshConfig,
+  batch_axis_size,
+  decode_mesh,
+  make_mesh,
+)
 from jax_ppo.parallel.placement import Placement, PlacementConfig, RoleMesh, make_placement
 from jax_ppo.parallel.rules import (
     MESH_RULES,
@@ -68,6 +76,7 @@ __all__ = [
     "batch_shardings",
     "batch_spec",
     "cache_shardings",
+    "decode_mesh",
     "logical_axes",
     "make_mesh",
     "make_placement",

@@ -101,3 +101,27 @@ def make_mesh(config: MeshConfig | None = None, *, devices: Sequence | None = No
 def batch_axis_size(mesh: Mesh) -> int:
   """Number of shards of a batch dimension on `mesh` (`data * fsdp`)."""
   return math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
+
+
+def decode_mesh(mesh: Mesh, tensor: int) -> Mesh:
+  """The devices of `mesh` regrouped for a tensor-parallel rollout: axes `AXES` with sizes
+  `(n / tensor, 1, tensor)`, so that under the rules (`jax_ppo.parallel.rules`) every weight
+  matrix is split `tensor` ways on its heads, MLP or vocabulary dimension and whole along the
+  model width, and the rows over the `n / tensor` groups.
+
+  Each group is `tensor` devices consecutive in `mesh`'s device order (`mesh.devices` flattened),
+  i.e. along its innermost axes, where `make_mesh` puts the devices nearest each other. The
+  device order is `mesh`'s, so a program may take arrays placed on either mesh (the sampler
+  receives the training layout's parameters).
+
+  Raises:
+    ValueError: `tensor` does not divide the mesh's device count.
+  """
+  n = mesh.devices.size
+  if isinstance(tensor, bool) or not isinstance(tensor, int) or tensor < 1 or n % tensor:
+    raise ValueError(
+        f"decode_tensor={tensor!r} does not divide the mesh's {n} devices; use a divisor of {n} "
+        "(SamplingConfig.decode_tensor, PPOConfig.sampling.decode_tensor in a trainer).")
+  auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+  return Mesh(mesh.devices.reshape(n // tensor, 1, tensor), AXES, axis_types=auto)
+

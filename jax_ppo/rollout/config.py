@@ -53,6 +53,16 @@ class SamplingParams:
   """Id written after the stop token and used for left padding of prompts (must not be EOS).
   Pad slots are always identified by masks, never by this id, so the id may also occur in text
   (Llama 2's `<unk>`); it must be inside the model's vocabulary (`Sampler` checks)."""
+  decode_tensor: int | None = None
+  """On a device mesh, the sampler's tensor-parallel width `k`: the rollout runs on the mesh's
+  devices regrouped as `(data=n/k, fsdp=1, tensor=k)` (`jax_ppo.parallel.decode_mesh`), each
+  device holding `1/k` of every weight matrix (split on query and key/value heads, MLP width and
+  vocabulary, cast to the compute dtype once per rollout) and the KV cache of its group's rows
+  for its heads. None: the rollout runs on the training mesh, whose FSDP split makes every
+  decode step gather every layer's weights on every device (the whole model read per device
+  per token). `k` must divide the device count and the model's key/value heads; ignored
+  without a mesh. Tokens and log-probs agree with the training mesh's to float rounding (the
+  split matrix products are summed across devices)."""
 
   OWNER: ClassVar[str | None] = None
   """How errors name this block (None: the class name)."""
@@ -76,6 +86,11 @@ class SamplingParams:
       bad("pad_token_id", "use the tokenizer's pad id, an int >= 0 that is not a stop id (a "
                           "tokenizer without a pad token needs one set, e.g. by "
                           "jax_ppo.models.load_tokenizer)")
+    if self.decode_tensor is not None and (
+        not isinstance(self.decode_tensor, int) or isinstance(self.decode_tensor, bool)
+        or self.decode_tensor < 1):
+      bad("decode_tensor", "use an int >= 1 dividing the device count and the model's "
+                           "key/value heads, or None (the training mesh)")
     if not isinstance(self.stop_token_ids, (tuple, list)) or not all(
         _is_token_id(i) for i in self.stop_token_ids
     ):

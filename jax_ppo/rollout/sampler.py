@@ -38,8 +38,16 @@ from jax_ppo.core import (
 )
 from jax_ppo.models.cache import KVCache
 from jax_ppo.models.errors import VocabularyError
+from jax_ppo.models.layers import compute_weights
 from jax_ppo.parallel.jit import MeshJit, compiled_programs
-from jax_ppo.parallel.rules import cache_shardings, constrain, shard_params
+from jax_ppo.parallel.mesh import decode_mesh
+from jax_ppo.parallel.rules import (
+  batch_shardings,
+  cache_shardings,
+  constrain,
+  param_shardings,
+  shard_params,
+)
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
 from jax_ppo.rollout.sampling import sample_tokens
@@ -275,6 +283,43 @@ def generate(
   )
 
 
+def sampler_mesh(mesh: Mesh | None, config: SamplingConfig, model_config) -> Mesh | None:
+  """The mesh a sampler's `generate` runs on: `mesh`, or with `config.decode_tensor = k` its
+  devices regrouped `(data=n/k, fsdp=1, tensor=k)` (`jax_ppo.parallel.decode_mesh`).
+
+  Raises:
+    ValueError: `k` does not divide the model's key/value heads (whose KV cache it splits) or
+      the mesh's devices; naming the field.
+  """
+  k = config.decode_tensor
+  if mesh is None or k is None:
+    return mesh
+  heads = model_config.num_kv_heads
+  if heads % k:
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0 and mesh.devices.size % d == 0]
+    raise ValueError(
+        f"SamplingConfig.decode_tensor={k} (PPOConfig.sampling.decode_tensor in a trainer) does "
+        f"not divide the model's {heads} key/value heads, over which it splits the KV cache; "
+        f"use one of {divisors} (divisors of the heads and of the {mesh.devices.size} devices).")
+  return decode_mesh(mesh, k)
+
+
+def decode_state_jit(state, decode: Mesh, dtype):
+  """The jitted `state -> state` of a tensor-parallel rollout for states of `state`'s structure
+  (arrays or `ShapeDtypeStruct`s): every matrix cast to the compute `dtype`
+  (`jax_ppo.models.compute_weights`) where it lies, then laid out on the `decode` mesh
+  (`jax_ppo.parallel.decode_mesh`) by the logical-axis rules.
+
+  XLA moves each matrix with all-to-alls from an FSDP split of its model width to the split of
+  its heads, MLP or vocabulary dimension: from a `(1, n, 1)` mesh its temporaries are about
+  twice its decode-layout shard. From a mesh with several axes the partitioner may gather a
+  whole matrix on each device instead (XLA warns "Involuntary full rematerialization");
+  `jax-ppo plan` compiles this program (`decode_state`) with the others.
+  """
+  return jax.jit(functools.partial(compute_weights, dtype=dtype),
+                 out_shardings=param_shardings(state, decode))
+
+
 def kv_cache_bytes(model_config, *, batch_size: int, max_length: int, itemsize: int = 4) -> int:
   """Bytes of a `KVCache`'s keys and values: :math:`2 L B T K D_h \\cdot \\text{itemsize}`."""
   c = model_config
@@ -381,7 +426,10 @@ class Sampler:
     mesh: a device mesh: `generate` is then compiled with explicit shardings
       (`jax_ppo.parallel.MeshJit`): the state by the logical-axis rules, prompts and the rollout
       split on rows over `data` x `fsdp` (when the rows divide), the key replicated; the KV cache
-      inside follows `cache_shardings`. None: plain `jax.jit`.
+      inside follows `cache_shardings`. With `config.decode_tensor = k` it runs on the mesh's
+      devices regrouped `(n/k, 1, k)` (`sampler_mesh`, the sampler's `mesh`), and each call
+      first casts the state's matrices to the compute dtype and moves them to that layout
+      (`decode_state`). None: plain `jax.jit`.
 
   Example::
 
@@ -419,18 +467,38 @@ class Sampler:
     self.config = config
     self.memory_budget_bytes = memory_budget_bytes
     self.cache_dtype = cache_dtype
-    self.mesh = mesh
+    self.mesh = sampler_mesh(mesh, config, model.config)
+    self._decode_state = None
     if mesh is None:
       self._generate = jax.jit(
           functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype)
       )
     else:
+      # The state stays in the given mesh's layout (a trainer's parameters, not a second copy);
+      # a tensor-parallel rollout moves it to its own layout at each call (`decode_state`).
       self.state = shard_params(self.state, mesh)
       self._generate = MeshJit(
           functools.partial(generate, self.graphdef, config=config, cache_dtype=cache_dtype,
-                            mesh=mesh),
-          mesh, in_roles=("params", "batch", "batch", "replicated"), out_roles="batch",
+                            mesh=self.mesh),
+          self.mesh, in_roles=("params", "batch", "batch", "replicated"), out_roles="batch",
       )
+      if self.mesh is not mesh:
+        self._decode_state = {}  # one program per state structure
+        self._given_mesh = mesh
+
+  def decode_state(self, state: nnx.State | tuple[nnx.State, ...]):
+    """`state` as `generate` reads it: with `SamplingConfig.decode_tensor`, its matrices cast to
+    the compute dtype (`jax_ppo.models.compute_weights`: the same tokens, half the bytes of
+    float32 masters) and split over the tensor-parallel mesh, in one program; otherwise
+    `state` itself."""
+    if self._decode_state is None:
+      return state
+    structure = jax.tree.structure(state)
+    program = self._decode_state.get(structure)
+    if program is None:
+      program = self._decode_state[structure] = decode_state_jit(state, self.mesh,
+                                                                 self.compute_dtype)
+    return program(state)
 
   def update_state(self, state: nnx.State) -> None:
     """Uses new parameters (same structure and shapes) without recompiling."""
@@ -464,7 +532,16 @@ class Sampler:
     `attention_mask` `[P, S]` (host or device arrays, e.g. global arrays of a multi-process run
     whose rows each process filled; `jax_ppo.parallel.host_rows`), `P` a batch bucket. `__call__`
     pads and micro-batches lists of prompts, then does the same per micro-batch."""
-    return self._generate(self.state if state is None else state, input_ids, attention_mask, rng)
+    state = self.decode_state(self.state if state is None else state)
+    return self._generate_on_mesh(state, input_ids, attention_mask, rng)
+
+  def _generate_on_mesh(self, state, input_ids, attention_mask, rng) -> Rollout:
+    """`generate`; a tensor-parallel rollout's rows are then moved back to the given mesh's
+    batch layout, where the run's other programs (and eager ops on the rollout) expect them."""
+    rollout = self._generate(state, input_ids, attention_mask, rng)
+    if self._decode_state is None:
+      return rollout
+    return jax.device_put(rollout, batch_shardings(rollout, self._given_mesh))
 
   def __call__(
       self, prompts: Sequence[Sequence[int]], rng: Array, *, state: nnx.State | None = None
@@ -480,7 +557,7 @@ class Sampler:
         `prompts`, the id and the vocabulary size), before anything runs on the device.
       ValueError: an empty or too long prompt (see `left_pad_prompts`).
     """
-    state = self.state if state is None else state
+    state = self.decode_state(self.state if state is None else state)
     ids, mask = left_pad_prompts(
         prompts, self.config, max_context=self.model_config.max_position_embeddings,
         vocab_size=self.model_config.vocab_size,
@@ -498,7 +575,7 @@ class Sampler:
         dummy_mask[:, -1] = 1
         chunk_ids = np.concatenate([chunk_ids, dummy_ids])
         chunk_mask = np.concatenate([chunk_mask, dummy_mask])
-      out = self._generate(state, chunk_ids, chunk_mask, jax.random.fold_in(rng, i))
+      out = self._generate_on_mesh(state, chunk_ids, chunk_mask, jax.random.fold_in(rng, i))
       rows = real * self.config.n_samples
       chunks.append(jax.tree.map(lambda x, rows=rows: x[:rows], out))
     if len(chunks) == 1:
@@ -513,11 +590,13 @@ __all__ = [
     "Sampler",
     "choose_micro_batch",
     "decode_body",
+    "decode_state_jit",
     "emit_token",
     "estimate_generation_bytes",
     "generate",
     "kv_cache_bytes",
     "param_bytes",
+    "sampler_mesh",
     "segment_schedule",
     "stop_id_array",
 ]

@@ -117,6 +117,30 @@ def test_fsdp_keeps_a_quarter_of_the_bytes_per_chip(replicated, fsdp):
       replicated["programs"]["experience_update"]["argument_bytes"] / 2)
 
 
+def test_a_tensor_parallel_rollout_reads_fewer_bytes_than_the_fsdp_one(run_dir, fsdp):
+  """`sampling.decode_tensor=2` on the FSDP run: the rollout gets its own copy of the policy
+  (matrices in the compute dtype, split over 2 chips; the run's copy stays resident),
+  made by a `decode_state` program, and its decode steps stop gathering every layer's weights:
+  XLA's bytes of the whole rollout fall below three quarters of the FSDP rollout's."""
+  plan, _ = fsdp
+  ppo = PPOConfig(**{**SPLIT, "sampling": PPOSampling(**SPLIT["sampling"], decode_tensor=2)})
+  shape = ppo_plan.RunShape(model=load_config(str(run_dir / "policy")), ppo=ppo,
+                            prompt_length=32, mesh=MeshConfig(data=1, fsdp=4))
+  tp = ppo_plan.plan_run(shape, TOPOLOGY)
+  assert set(tp.programs) == {"decode_state", "generate", "experience", "update"}
+  resident = sum(tp.resident_bytes_per_chip.values())
+  assert tp.programs["generate"].outside_bytes == resident
+  assert tp.programs["decode_state"].outside_bytes == (
+      resident - tp.resident_bytes_per_chip["params"])
+  # The copy (float32 compute here: the matrices stay float32): half of the policy per chip, a
+  # little over (the replicated norm gains, value head, prompt ids and key).
+  copy = tp.programs["generate"].argument_bytes
+  assert param_count() * 4 / 2 <= copy < 1.1 * param_count() * 4 / 2 + 2**16
+  assert tp.programs["generate"].bytes_accessed < 0.75 * plan.programs["generate"].bytes_accessed
+  for name in ("experience", "update"):  # training is untouched
+    assert tp.programs[name].flops == pytest.approx(plan.programs[name].flops)
+
+
 def test_fit_and_roofline_arithmetic(replicated):
   chip = chip_for("TPU v5 lite")
   assert replicated["fits"] is True
