@@ -124,4 +124,3 @@ def decode_mesh(mesh: Mesh, tensor: int) -> Mesh:
         "(SamplingConfig.decode_tensor, PPOConfig.sampling.decode_tensor in a trainer).")
   auto = (jax.sharding.AxisType.Auto,) * len(AXES)
   return Mesh(mesh.devices.reshape(n // tensor, 1, tensor), AXES, axis_types=auto)
-

@@ -488,9 +488,9 @@ class Sampler:
 
   def decode_state(self, state: nnx.State | tuple[nnx.State, ...]):
     """`state` as `generate` reads it: with `SamplingConfig.decode_tensor`, its matrices cast to
-    the compute dtype (`jax_ppo.models.compute_weights`: the same tokens, half the bytes of
-    float32 masters) and split over the tensor-parallel mesh, in one program; otherwise
-    `state` itself."""
+    the compute dtype (`jax_ppo.models.compute_weights`: the same tokens; half the bytes of
+    float32 masters with bfloat16 compute) and split over the tensor-parallel mesh, in one
+    program; otherwise `state` itself."""
     if self._decode_state is None:
       return state
     structure = jax.tree.structure(state)
