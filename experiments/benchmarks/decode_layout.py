@@ -78,7 +78,7 @@ def rollout_figures(shape, devices, topology: str) -> dict:
   )
   from jax_ppo.diagnostics.topology import slice_mesh
   from jax_ppo.parallel.chips import roofline_seconds
-  from jax_ppo.rollout.sampler import sampler_mesh
+  from jax_ppo.rollout.layout import sampler_mesh
 
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   t0 = time.perf_counter()

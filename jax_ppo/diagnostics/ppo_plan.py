@@ -86,14 +86,13 @@ from jax_ppo.ppo.state import FrozenParams, init_train_state
 from jax_ppo.ppo.steps import PPOSteps
 from jax_ppo.rollout.batching import bucket_for
 from jax_ppo.rollout.config import SamplingConfig
+from jax_ppo.rollout.layout import decode_state_jit, sampler_mesh
 from jax_ppo.rollout.sampler import (
   DecodeCarry,
   DecodeSegment,
   Rollout,
   decode_body,
-  decode_state_jit,
   generate,
-  sampler_mesh,
   segment_schedule,
 )
 from jax_ppo.runs.common import DTYPES, resolve_model_paths

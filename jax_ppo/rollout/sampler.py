@@ -38,18 +38,11 @@ from jax_ppo.core import (
 )
 from jax_ppo.models.cache import KVCache
 from jax_ppo.models.errors import VocabularyError
-from jax_ppo.models.layers import compute_weights
 from jax_ppo.parallel.jit import MeshJit, compiled_programs
-from jax_ppo.parallel.mesh import decode_mesh
-from jax_ppo.parallel.rules import (
-  batch_shardings,
-  cache_shardings,
-  constrain,
-  param_shardings,
-  shard_params,
-)
+from jax_ppo.parallel.rules import batch_shardings, cache_shardings, constrain, shard_params
 from jax_ppo.rollout.batching import bucket_for, left_pad_prompts
 from jax_ppo.rollout.config import SamplingConfig
+from jax_ppo.rollout.layout import decode_state_jit, sampler_mesh
 from jax_ppo.rollout.sampling import sample_tokens
 
 Array = jax.Array
@@ -283,43 +276,6 @@ def generate(
   )
 
 
-def sampler_mesh(mesh: Mesh | None, config: SamplingConfig, model_config) -> Mesh | None:
-  """The mesh a sampler's `generate` runs on: `mesh`, or with `config.decode_tensor = k` its
-  devices regrouped `(data=n/k, fsdp=1, tensor=k)` (`jax_ppo.parallel.decode_mesh`).
-
-  Raises:
-    ValueError: `k` does not divide the model's key/value heads (whose KV cache it splits) or
-      the mesh's devices; naming the field.
-  """
-  k = config.decode_tensor
-  if mesh is None or k is None:
-    return mesh
-  heads = model_config.num_kv_heads
-  if heads % k:
-    divisors = [d for d in range(1, heads + 1) if heads % d == 0 and mesh.devices.size % d == 0]
-    raise ValueError(
-        f"SamplingConfig.decode_tensor={k} (PPOConfig.sampling.decode_tensor in a trainer) does "
-        f"not divide the model's {heads} key/value heads, over which it splits the KV cache; "
-        f"use one of {divisors} (divisors of the heads and of the {mesh.devices.size} devices).")
-  return decode_mesh(mesh, k)
-
-
-def decode_state_jit(state, decode: Mesh, dtype):
-  """The jitted `state -> state` of a tensor-parallel rollout for states of `state`'s structure
-  (arrays or `ShapeDtypeStruct`s): every matrix cast to the compute `dtype`
-  (`jax_ppo.models.compute_weights`) where it lies, then laid out on the `decode` mesh
-  (`jax_ppo.parallel.decode_mesh`) by the logical-axis rules.
-
-  XLA moves each matrix with all-to-alls from an FSDP split of its model width to the split of
-  its heads, MLP or vocabulary dimension: from a `(1, n, 1)` mesh its temporaries are about
-  twice its decode-layout shard. From a mesh with several axes the partitioner may gather a
-  whole matrix on each device instead (XLA warns "Involuntary full rematerialization");
-  `jax-ppo plan` compiles this program (`decode_state`) with the others.
-  """
-  return jax.jit(functools.partial(compute_weights, dtype=dtype),
-                 out_shardings=param_shardings(state, decode))
-
-
 def kv_cache_bytes(model_config, *, batch_size: int, max_length: int, itemsize: int = 4) -> int:
   """Bytes of a `KVCache`'s keys and values: :math:`2 L B T K D_h \\cdot \\text{itemsize}`."""
   c = model_config
@@ -427,9 +383,9 @@ class Sampler:
       (`jax_ppo.parallel.MeshJit`): the state by the logical-axis rules, prompts and the rollout
       split on rows over `data` x `fsdp` (when the rows divide), the key replicated; the KV cache
       inside follows `cache_shardings`. With `config.decode_tensor = k` it runs on the mesh's
-      devices regrouped `(n/k, 1, k)` (`sampler_mesh`, the sampler's `mesh`), and each call
-      first casts the state's matrices to the compute dtype and moves them to that layout
-      (`decode_state`). None: plain `jax.jit`.
+      devices regrouped `(n/k, 1, k)` (`jax_ppo.rollout.layout`; the sampler's `mesh`), and
+      each call first casts the state's matrices to the compute dtype and moves them to that
+      layout (`decode_state`). None: plain `jax.jit`.
 
   Example::
 
@@ -590,13 +546,11 @@ __all__ = [
     "Sampler",
     "choose_micro_batch",
     "decode_body",
-    "decode_state_jit",
     "emit_token",
     "estimate_generation_bytes",
     "generate",
     "kv_cache_bytes",
     "param_bytes",
-    "sampler_mesh",
     "segment_schedule",
     "stop_id_array",
 ]

@@ -1,6 +1,6 @@
 """Rollouts of one model on one device, on an FSDP mesh and on the same mesh with a
 tensor-parallel rollout (`SamplingConfig.decode_tensor`), from the same prompts and keys
-(tests/rollout/test_decode_tensor.py; run in a subprocess with 8 fake CPU devices).
+(tests/rollout/test_layout.py; run in a subprocess with 8 fake CPU devices).
 
 Usage: `decode_tensor.py`. Prints JSON: per case the largest log-prob difference from the
 single-device rollout and whether the tokens are equal; the decode layout's shardings and dtypes;
