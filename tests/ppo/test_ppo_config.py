@@ -35,9 +35,13 @@ def test_sampling_defaults_are_the_documented_ones():
   # Item 3: no top-k or top-p filtering during training; one temperature everywhere.
   assert isinstance(s, PPOSampling) and isinstance(s, SamplingParams)
   assert (s.temperature, s.top_k, s.top_p, s.max_new_tokens) == (0.7, 0, 1.0, 48)
-  # The sampler's own options are not part of the block; n_samples stays with the batch.
+  # The sampler's own options are not part of the block; n_samples stays with the batch. The
+  # block holds the fields that moved out of PPOConfig, and the rollout's layout on a mesh
+  # (`decode_tensor`, never a flat key).
   fields = {f.name for f in dataclasses.fields(PPOSampling)}
-  assert fields == set(SAMPLING_FIELDS) == {f.name for f in dataclasses.fields(SamplingParams)}
+  assert fields == {f.name for f in dataclasses.fields(SamplingParams)}
+  assert fields == set(SAMPLING_FIELDS) | {"decode_tensor"}
+  assert s.decode_tensor is None  # the rollout on the training mesh
   assert "n_samples" in {f.name for f in dataclasses.fields(PPOConfig)}
   assert not {f.name for f in dataclasses.fields(PPOConfig)} & set(SAMPLING_FIELDS)
 
