@@ -10,6 +10,7 @@ trainer on the FSDP mesh with and without the tensor-parallel rollout.
 
 import dataclasses
 import faulthandler
+import functools
 import json
 import pathlib
 import re
@@ -24,10 +25,10 @@ from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.parallel import MeshConfig, make_mesh
+from jax_ppo.parallel import MeshConfig, MeshJit, make_mesh
 from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import Sampler
+from jax_ppo.rollout.sampler import Sampler, generate
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "parallel" / "scripts"))
 import tiny_setup  # noqa: E402
@@ -60,9 +61,13 @@ def compare(a, b) -> dict:
 
 
 def collectives(sampler, state) -> dict:
-  """Counts of all-gather and all-reduce ops in the compiled `generate` of the prompts' shape."""
+  """Counts of all-gather and all-reduce ops in `generate` compiled as `sampler` compiles it (on
+  its mesh, with its roles) for 4 prompts of 16 slots."""
+  fn = functools.partial(generate, sampler.graphdef, config=sampler.config, mesh=sampler.mesh)
+  jitted = MeshJit(fn, sampler.mesh, in_roles=("params", "batch", "batch", "replicated"),
+                   out_roles="batch")
   ids = np.ones((4, 16), np.int32)
-  text = sampler._generate.lower(state, ids, ids, jax.random.key(0)).compile().as_text()
+  text = jitted.lower(state, ids, ids, jax.random.key(0)).compile().as_text()
   ops = ("all-gather", "all-reduce")
   return {op: len(re.findall(rf"= \S+ {op}(-start)?\(", text)) for op in ops}
 
@@ -100,7 +105,7 @@ def main() -> dict:
   tp = Sampler(m, dataclasses.replace(greedy, decode_tensor=4), mesh=mesh)
   cases["lora/decode_tensor=4"] = compare(tp(PROMPTS, key, state=(adapters, rest)), one)
   out["cases"] = cases
-  # bfloat16 compute: the rollout on the cast matrices is the rollout on the float32 masters.
+  # bfloat16 compute: the rollout's copy holds its matrices in bfloat16, its norm gains in float32.
   m = model(dtype=jnp.bfloat16)
   tp = Sampler(m, dataclasses.replace(greedy, decode_tensor=4), mesh=mesh)
   state = tp.decode_state(tp.state)
@@ -146,5 +151,5 @@ def trainer_steps(mesh) -> dict:
 
 
 if __name__ == "__main__":
-  faulthandler.dump_traceback_later(400, exit=True)
+  faulthandler.dump_traceback_later(560, exit=True)  # under run_on_devices' 600 s
   print(json.dumps(main()))
