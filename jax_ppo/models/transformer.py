@@ -37,7 +37,13 @@ from jax_ppo.models.layers import (
 )
 from jax_ppo.models.packing import restrict_to_segments
 from jax_ppo.models.tokenizer import check_token_ids
-from jax_ppo.parallel.rules import constrain_activations, gather_layer_weights, remat_gathered
+from jax_ppo.parallel.rules import (
+  constrain_activations,
+  gather_layer_weights,
+  remat_gathered,
+  stationary_activations,
+  stationary_layer_weights,
+)
 
 Array = jax.Array
 
@@ -220,18 +226,24 @@ class Decoder(nnx.Module):
     windows = self.config.window_per_layer
     return None if windows is None else jnp.asarray(np.asarray(windows, np.int32))
 
-  def _run_layers(self, body, carry):
+  def _run_layers(self, body, carry, *, gather_weights: bool = True):
     """Applies `body(carry, layer, layer_index, window) -> (carry, y)` over the L layers.
 
     `layer` is a `Block` holding one layer's weights; `window` is that layer's sliding window
     (int32 scalar) or None. Returns the final carry and the `ys` stacked over layers.
+    `gather_weights`: under a mesh with `fsdp`, gather each layer's weights before its body
+    (`gather_layer_weights`: what a forward over many tokens wants); False leaves them split
+    where they are, for XLA to move activations instead (the decode step).
     """
     graphdef, state = nnx.split(self.layers)
     n = self.config.num_layers
 
     def step(carry, x):
       layer_state, i, window = x
-      layer_state = gather_layer_weights(layer_state)  # FSDP under a mesh, else identity
+      if gather_weights:
+        layer_state = gather_layer_weights(layer_state)  # FSDP under a mesh, else identity
+      else:
+        layer_state = stationary_layer_weights(layer_state)  # kept split (identity without)
       return body(carry, nnx.merge(graphdef, layer_state), i, window)
 
     if self.remat != "none":
@@ -395,6 +407,7 @@ class Decoder(nnx.Module):
 
     def body(carry, layer: Block, i, window):
       h, k_all, v_all = carry
+      h = stationary_activations(h)  # split on `D` like the weights (identity without a mesh)
       q, k, v = layer.qkv(layer.attn_norm(h), cos, sin, use_lora=use_lora)
       at = (i, zero, zero, index, zero)
       new_slot = lambda x, dtype: jnp.swapaxes(x, 1, 2)[None].astype(dtype)  # [1, B, K, 1, Dh]
@@ -409,7 +422,12 @@ class Decoder(nnx.Module):
                       softcap=self.config.attn_softcap, heads_first=True)
       return (layer.finish(h, out, use_lora=use_lora), k_all, v_all), None
 
-    (h, k_all, v_all), _ = self._run_layers(body, (h, cache.k, cache.v))
+    # One token per row: the layers' weights stay where FSDP put them (no per-layer gather).
+    # A gather would move every layer's `D x F` matrices to every device at every step; with
+    # the weights pinned split on `D` and the rows' activations split on `D` like them, each
+    # projection all-reduces its `[B, F]` partial sums and a device reads `1/fsdp` of the
+    # weights per token (docs/accelerators.md, "The rollout's layout").
+    (h, k_all, v_all), _ = self._run_layers(body, (h, cache.k, cache.v), gather_weights=False)
     h = self.final_norm(h)[:, 0]
     cache = KVCache(
         k=k_all,

@@ -14,8 +14,10 @@ Public API (everything a run needs; see each module for details):
   the PPO, SFT and reward-model steps and `Sampler(..., mesh=mesh)` use; it traces under
   `rules.gather_layers(mesh)`, under which the decoder's layer loop gathers each layer's
   FSDP-split weights (and does not keep them for the backward pass) and keeps activations split
-  on rows (`rules.gather_layer_weights`, `rules.remat_gathered`, `rules.constrain_activations`;
-  all identities without a mesh);
+  on rows (`rules.gather_layer_weights`, `rules.remat_gathered`, `rules.constrain_activations`),
+  except in the one-token decode step, which pins the weights to their FSDP split and splits
+  its activations on the model width like them (`rules.stationary_layer_weights`,
+  `rules.stationary_activations`; all identities without a mesh);
 * `DistributedConfig` and `distributed.initialize(config)`: multi-host runs through
   `jax.distributed` (`jax_ppo.parallel.distributed`); `host_rows`: each process's own rows of
   a global batch.

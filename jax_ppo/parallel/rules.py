@@ -248,7 +248,8 @@ def gather_layers(mesh: Mesh | None):
 
   Without the gather XLA may instead all-gather the *activations* of the whole batch to meet
   an FSDP-split contraction dimension (every device then computes every row of the MLP), which
-  costs data parallelism and `L x B x S x F` activation memory.
+  costs data parallelism and `L x B x S x F` activation memory. The decode step, one token per
+  row, is the exception: it leaves the weights in place (`stationary_activations`).
   """
   if mesh is None:
     yield
@@ -275,6 +276,25 @@ def gather_layer_weights(layer_state: Any) -> Any:
     kept = [None if a == "fsdp" else (tuple(b for b in a if b != "fsdp") or None)
             if isinstance(a, tuple) else a for a in spec]
     return _gather(x, NamedSharding(mesh, PartitionSpec(*kept)), NamedSharding(mesh, spec))
+
+  return jax.tree_util.tree_map_with_path(one, layer_state)
+
+
+def stationary_layer_weights(layer_state: Any) -> Any:
+  """Inside jit under `gather_layers`: one layer's parameters (no `[L]` axis) constrained to their
+  rule sharding, `fsdp` split included (the decode step's: the weights stay where FSDP put
+  them, `stationary_activations`); identity otherwise. Pins the decode step's own reads of the
+  weights, so that the layout XLA gives the same slices elsewhere in the program (a prefill
+  that gathers them) does not carry over."""
+  if not _GATHER_MESH:
+    return layer_state
+  mesh = _GATHER_MESH[-1]
+  if mesh.shape.get("fsdp", 1) == 1:
+    return layer_state
+
+  def one(path, x):
+    return jax.lax.with_sharding_constraint(
+        x, NamedSharding(mesh, partition_spec(path, x.shape, mesh)))
 
   return jax.tree_util.tree_map_with_path(one, layer_state)
 
@@ -327,6 +347,31 @@ def constrain_activations(h: Any) -> Any:
     return h
   mesh = _GATHER_MESH[-1]
   return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, batch_spec(h.shape, mesh)))
+
+
+def stationary_spec(shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+  """The split of the decode step's activations `[B, ..., D]`: the width `D` over `fsdp`, as the
+  layers' weights are split (when `fsdp` divides it), the rows `B` over the other batch axes
+  that divide them (`data`)."""
+  # Width first, so that `fsdp` goes to `D` (`spec_from_logical` gives an axis to the first
+  # dimension that asks for it) and the rows keep what is left of the batch axes.
+  logical = ("embed",) + (None,) * (len(shape) - 2) + ("batch",)
+  return PartitionSpec(*spec_from_logical(logical, tuple(shape)[::-1], mesh)[::-1])
+
+
+def stationary_activations(h: Any) -> Any:
+  """Inside jit under `gather_layers`: the decode step's residual stream `h` `[B, 1, D]` split as
+  `stationary_spec` says; identity otherwise (no mesh, or no `fsdp` axis). With the activations
+  split like the weights, each projection multiplies the device's own `D / fsdp` slice of its
+  matrix and all-reduces `[B, F]` partial sums, instead of gathering every layer's `D x F`
+  matrices to every device at every step (what the forward over many tokens does,
+  `gather_layer_weights`)."""
+  if not _GATHER_MESH:
+    return h
+  mesh = _GATHER_MESH[-1]
+  if mesh.shape.get("fsdp", 1) == 1:
+    return h
+  return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, stationary_spec(h.shape, mesh)))
 
 
 def rows_per_device(rows: int) -> int:

@@ -101,6 +101,20 @@ def test_batch_spec_splits_rows_over_data_and_fsdp():
   assert batch_spec(jnp.zeros((4,)).shape, MESH) == PartitionSpec(("data", "fsdp"))
 
 
+def test_the_decode_steps_activations_split_on_the_width_like_the_weights():
+  from jax_ppo.parallel.rules import stationary_spec
+
+  # [B, 1, D]: D over fsdp (as the kernels' `embed` axis), the rows over data.
+  assert stationary_spec((8, 1, 32), MESH) == PartitionSpec("data", None, "fsdp")
+  assert partition_spec(("decoder", "layers", "q", "kernel"), (2, 32, 32), MESH) == (
+      PartitionSpec(None, "fsdp", "tensor"))
+  fsdp_only = AbstractMesh((1, 8, 1), ("data", "fsdp", "tensor"))
+  assert stationary_spec((64, 1, 4096), fsdp_only) == PartitionSpec(None, None, "fsdp")
+  # A width fsdp does not divide stays whole; the rows then take every batch axis.
+  assert stationary_spec((8, 1, 33), MESH) == PartitionSpec(("data", "fsdp"), None, None)
+  assert stationary_spec((5, 1, 32), MESH) == PartitionSpec(None, None, "fsdp")  # 5 rows: whole
+
+
 def test_rows_per_device_follow_the_batch_split():
   from jax_ppo.parallel.rules import gather_layers, rows_per_device
 

@@ -53,9 +53,14 @@ def test_the_rollout_mesh_splits_the_matrices_on_heads(result):
   # rollout, on its model width over 8 in training.
   assert result["q_spec"] == "P(None, None, 'tensor')" and result["q_shard_shape"] == [2, 32, 8]
   assert "fsdp" in result["trained_q_spec"]
-  # FSDP gathers every layer's weights at every step; the split matrices are reduced instead.
-  gathers = result["collectives"]
-  assert gathers["decode_tensor=4"]["all-gather"] * 2 < gathers["fsdp"]["all-gather"]
+  # Neither layout gathers a weight matrix in the decode step: FSDP's stay split on their width
+  # (`rules.stationary_activations`), the tensor-parallel ones on their heads, MLP or vocabulary.
+  matrices = {tuple(s) for s in result["layer_matrix_shapes"]}
+  assert matrices == {(32, 16), (32, 32), (32, 64), (64, 32)}
+  assert result["decode_step_gathers"]["fsdp"]  # FSDP's step gathers some activations
+  for layout, gathered in result["decode_step_gathers"].items():
+    squeezed = {tuple(d for d in shape if d != 1) for shape in gathered}
+    assert not squeezed & matrices, (layout, gathered)
   assert result["bf16_dtypes"] == {"q_kernel": "bfloat16", "norm_scale": "float32",
                                    "embedding": "bfloat16"}
 

@@ -4,13 +4,12 @@ tensor-parallel rollout (`SamplingConfig.decode_tensor`), from the same prompts 
 
 Usage: `decode_tensor.py`. Prints JSON: per case the largest log-prob difference from the
 single-device rollout and whether the tokens are equal; the decode layout's shardings and dtypes;
-the collectives in the compiled programs; the errors of bad widths; and one PPO update of a
-trainer on the FSDP mesh with and without the tensor-parallel rollout.
+the shapes all-gathered by one compiled decode step; the errors of bad widths; and one PPO update
+of a trainer on the FSDP mesh with and without the tensor-parallel rollout.
 """
 
 import dataclasses
 import faulthandler
-import functools
 import json
 import pathlib
 import re
@@ -21,14 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jax_ppo.models import init_cache
 from jax_ppo.models.config import ModelConfig
 from jax_ppo.models.heads import ScalarModel, value_model_from_reward_model
 from jax_ppo.models.lora import LoRAConfig, add_lora
 from jax_ppo.models.transformer import CausalLM
-from jax_ppo.parallel import MeshConfig, MeshJit, make_mesh
+from jax_ppo.parallel import MeshConfig, make_mesh, rules
 from jax_ppo.ppo import PPOConfig, PPOOptimizer, PPOSampling, PPOTrainer
 from jax_ppo.rollout.config import SamplingConfig
-from jax_ppo.rollout.sampler import Sampler, generate
+from jax_ppo.rollout.sampler import Sampler
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "parallel" / "scripts"))
 import tiny_setup  # noqa: E402
@@ -60,16 +60,33 @@ def compare(a, b) -> dict:
           "logprob_diff": float(np.max(np.abs(np.asarray(a.logprobs) - np.asarray(b.logprobs))))}
 
 
-def collectives(sampler, state) -> dict:
-  """Counts of all-gather and all-reduce ops in `generate` compiled as `sampler` compiles it (on
-  its mesh, with its roles) for 4 prompts of 16 slots."""
-  fn = functools.partial(generate, sampler.graphdef, config=sampler.config, mesh=sampler.mesh)
-  jitted = MeshJit(fn, sampler.mesh, in_roles=("params", "batch", "batch", "replicated"),
-                   out_roles="batch")
-  ids = np.ones((4, 16), np.int32)
-  text = jitted.lower(state, ids, ids, jax.random.key(0)).compile().as_text()
-  ops = ("all-gather", "all-reduce")
-  return {op: len(re.findall(rf"= \S+ {op}(-start)?\(", text)) for op in ops}
+def decode_step_gathers(sampler, state) -> list[list[int]]:
+  """Result shapes of the all-gathers of one decode step compiled on `sampler`'s mesh as its
+  decode loop runs it (the policy `state` where the sampler keeps it, the cache split on rows)."""
+  mesh = sampler.mesh
+  cache = init_cache(sampler.model_config, batch_size=8, max_length=16,
+                     dtype=sampler.compute_dtype)
+  cache = jax.device_put(cache, rules.cache_shardings(cache, mesh))
+  tokens = jax.device_put(np.ones((8,), np.int32), rules.batch_shardings(np.ones((8,)), mesh))
+
+  def step(state, tokens, cache):
+    return nnx.merge(sampler.graphdef, state).decode_step(tokens, cache)
+
+  with rules.gather_layers(mesh):
+    text = jax.jit(step).lower(state, tokens, cache).compile().as_text()
+  return [[int(d) for d in dims.split(",") if d]
+          for dims in re.findall(r"= \w+\[([\d,]*)\]\S* all-gather(?:-start)?\(", text)]
+
+
+def layer_matrix_shapes(state) -> list[list[int]]:
+  """The shapes of one layer's weight matrices (the stacked `[L, ...]` kernels less `L`) and of
+  the embedding and head."""
+  shapes = []
+  for path, x in jax.tree_util.tree_leaves_with_path(state):
+    stacked = any(getattr(k, "key", None) == "layers" for k in path)
+    if x.ndim >= 2 + stacked:
+      shapes.append(list(x.shape[1:] if stacked else x.shape))
+  return shapes
 
 
 def main() -> dict:
@@ -95,9 +112,10 @@ def main() -> dict:
         out["q_spec"] = str(q.sharding.spec)
         out["q_shard_shape"] = list(q.addressable_shards[0].data.shape)
         out["trained_q_spec"] = str(tp.state["decoder"]["layers"]["q"]["kernel"].sharding.spec)
-        out["collectives"] = {"decode_tensor=4": collectives(tp, state)}
         fsdp = Sampler(m, cfg, mesh=mesh)
-        out["collectives"]["fsdp"] = collectives(fsdp, fsdp.state)
+        out["decode_step_gathers"] = {"fsdp": decode_step_gathers(fsdp, fsdp.state),
+                                      "decode_tensor=4": decode_step_gathers(tp, state)}
+        out["layer_matrix_shapes"] = layer_matrix_shapes(fsdp.state)
   # A LoRA policy's `(adapters, rest)` state, handed in at each call as the trainer does.
   m = model(lora=True)
   _, adapters, rest = nnx.split(m, nnx.LoRAParam, ...)
