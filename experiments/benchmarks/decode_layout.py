@@ -69,44 +69,26 @@ def with_decode_tensor(shape, k: int | None):
 def rollout_figures(shape, devices, topology: str) -> dict:
   """Per-chip HBM peaks and loop-corrected XLA costs of the rollout's programs of `shape`."""
   from jax_ppo.diagnostics import ppo_plan
-  from jax_ppo.diagnostics.plan import (
-    compile_program,
-    grouped_depth_costs,
-    plan_chip,
-    program_peaks,
-    xla_cost,
-  )
+  from jax_ppo.diagnostics.plan import plan_chip, program_peaks
   from jax_ppo.diagnostics.topology import slice_mesh
   from jax_ppo.parallel.chips import roofline_seconds
   from jax_ppo.rollout.layout import sampler_mesh
 
   mesh = slice_mesh(devices, shape.mesh, topology=topology)
   t0 = time.perf_counter()
-  run = ppo_plan.RunPrograms(shape, mesh)
-  programs = {n: p for n, p in run.programs().items() if n in ROLLOUT}
-  peaks = program_peaks(programs, topology=topology)
-
-  def at(layers):
-    progs = ppo_plan.RunPrograms(shape, mesh, layers=layers, scan_layers=False).programs()
-    return {n: p for n, p in progs.items() if n in ROLLOUT}
-
-  costs = grouped_depth_costs(at, ppo_plan.model_depths(shape), topology=topology)
-  unrolled = ppo_plan.RunPrograms(shape, mesh, scan_layers=False)
-  steps = unrolled.programs(pieces=("decode_step",))
-  segments = ppo_plan.decode_segments(shape.ppo, prompt_length=shape.prompt_length)
-  step_costs = []
-  for k in range(len(segments)):
-    name = ppo_plan.decode_piece(k)
-    costs[name] = xla_cost(compile_program(name, steps[name], topology=topology))
-    step_costs.append(costs[name])
+  run = ppo_plan.RunPrograms(shape, mesh, only=ROLLOUT)
+  peaks = program_peaks(run.programs(), topology=topology)
+  costs = ppo_plan.layer_costs(shape, mesh, topology=topology, only=ROLLOUT)
   corrected = ppo_plan.loop_corrected(costs, shape.ppo,
                                       max_new_tokens=run.sampling.max_new_tokens)
   chip = plan_chip(devices, topology)
-  n_steps = sum(seg.steps for seg in segments)
-  step = {"flops": sum(s.steps * c.flops for s, c in zip(segments, step_costs, strict=True))
-          / n_steps,
-          "bytes_accessed": sum(s.steps * c.bytes_accessed
-                                for s, c in zip(segments, step_costs, strict=True)) / n_steps}
+  # One decode step, averaged over the loops' steps (each loop's step at its cache prefix).
+  segments = ppo_plan.decode_segments(shape.ppo, prompt_length=shape.prompt_length)
+  steps = [(seg.steps, costs[ppo_plan.decode_piece(k)]) for k, seg in enumerate(segments)
+           if ppo_plan.decode_piece(k) in costs]
+  n_steps = sum(n for n, _ in steps)
+  step = {"flops": sum(n * c.flops for n, c in steps) / n_steps,
+          "bytes_accessed": sum(n * c.bytes_accessed for n, c in steps) / n_steps}
   return {
       "mesh": dict(sampler_mesh(mesh, run.sampling, run.model_config).shape),
       "peak_bytes_per_chip": peaks,

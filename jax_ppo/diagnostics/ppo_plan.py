@@ -268,12 +268,15 @@ class RunPrograms:
       left out: the model's own).
     scan_layers: the layer loop of every program (None: the run's `train_scan_layers` /
       `rollout_scan_layers`, else the model's scan).
+    only: the names of the programs `programs` returns (None: all the run's), e.g.
+      `("generate",)` to plan the rollout alone; loop bodies asked for are always returned.
   """
 
   def __init__(self, shape: RunShape, mesh: Mesh, *, layers: dict[str, int] | None = None,
-               scan_layers: bool | None = None):
+               scan_layers: bool | None = None, only: Iterable[str] | None = None):
     c = self.ppo = shape.ppo
     self.mesh = mesh
+    self.only = None if only is None else frozenset(only)
     layers = layers or {}
 
     def cut(role: str, config: ModelConfig) -> ModelConfig:
@@ -434,6 +437,8 @@ class RunPrograms:
                                          and "decode_step" in wanted)
       out.update({k: v for k, v in self._pieces(gen_policy, key, batch, kl, gen_mesh).items()
                   if chosen(k)})
+    if self.only is not None:
+      out = {k: v for k, v in out.items() if k in self.only or is_piece(k)}
     return out
 
   def _pieces(self, policy, key, batch, kl, gen_mesh: Mesh) -> dict[str, Program]:
@@ -514,23 +519,24 @@ def score_rows(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array,
   return nnx.merge(graphdef, state).score(ids, mask)
 
 
-def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str) -> dict[str, Cost]:
-  """XLA costs of the programs and of the loop bodies with trips (`loop_trips`) at every model's
-  full depth: extrapolated from variants compiled with 1 and 2 unrolled layers
-  (`jax_ppo.diagnostics.plan.grouped_depth_costs`), except the decode loops' steps, each compiled
-  unrolled at full depth at its own cache prefix (at 1 and 2 layers a whole KV cache fits in a
-  TPU core's on-chip memory, where the compiler keeps it: the depth difference is then not a
-  layer's HBM traffic)."""
-  names = RunPrograms(shape, mesh).programs().keys()
+def layer_costs(shape: RunShape, mesh: Mesh, *, topology: str,
+                only: Iterable[str] | None = None) -> dict[str, Cost]:
+  """XLA costs of the programs (those named in `only`, or all) and of their loop bodies with
+  trips (`loop_trips`) at every model's full depth: extrapolated from variants compiled with 1
+  and 2 unrolled layers (`jax_ppo.diagnostics.plan.grouped_depth_costs`), except the decode
+  loops' steps, each compiled unrolled at full depth at its own cache prefix (at 1 and 2 layers
+  a whole KV cache fits in a TPU core's on-chip memory, where the compiler keeps it: the depth
+  difference is then not a layer's HBM traffic)."""
+  names = RunPrograms(shape, mesh, only=only).programs().keys()
   trips = loop_trips(shape.ppo, names, max_new_tokens=sampling_config(shape.ppo).max_new_tokens)
   pieces = {p for t in trips.values() for p in t}
   decode = sorted(p for p in pieces if p.startswith("decode_step_"))
   costs = grouped_depth_costs(
-      lambda layers: RunPrograms(shape, mesh, layers=layers, scan_layers=False).programs(
-          pieces=pieces - set(decode)),
+      lambda layers: RunPrograms(shape, mesh, layers=layers, scan_layers=False,
+                                 only=names).programs(pieces=pieces - set(decode)),
       model_depths(shape), topology=topology)
   if decode:
-    steps = RunPrograms(shape, mesh, scan_layers=False).programs(pieces=decode)
+    steps = RunPrograms(shape, mesh, scan_layers=False, only=names).programs(pieces=decode)
     for name in decode:
       costs[name] = xla_cost(compile_program(name, steps[name], topology=topology))
   return costs
@@ -561,7 +567,7 @@ def memory_peaks(shape: RunShape, topology: str, *, devices: list) -> dict[str, 
 
 
 def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
-             advice: bool = True) -> Plan:
+             advice: bool = True, only: Iterable[str] | None = None) -> Plan:
   """Compiles the programs of `shape` for the TPU slice or GPU nodes `topology` and reports them
   per chip.
 
@@ -572,6 +578,7 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
     devices: the slice's devices (default: `topology_devices(topology)`).
     advice: when the run does not fit, search the change that makes it fit
       (`jax_ppo.diagnostics.advice.advise`, re-planning the memory of each candidate).
+    only: plan these programs alone (`RunPrograms`' `only`; None: all the run's).
 
   Raises:
     PlanError: libtpu (or the CUDA plugin) missing, libtpu in use, an unknown topology or
@@ -582,7 +589,7 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
   divisor = []  # `k` when the costs were extrapolated from 1/k and 2/k of the rows
 
   def costs(run: RunPrograms, mesh: Mesh) -> dict[str, Cost] | None:
-    at = lambda s: layer_costs(s, mesh, topology=topology)  # noqa: E731
+    at = lambda s: layer_costs(s, mesh, topology=topology, only=only)  # noqa: E731
     try:
       layers = at(shape)
     except DoesNotFit:  # the unrolled, unchunked variants need more HBM than the run's programs
@@ -596,8 +603,8 @@ def plan_run(shape: RunShape, topology: str, *, devices: list | None = None,
       divisor.append(k)
     return loop_corrected(layers, shape.ppo, max_new_tokens=run.sampling.max_new_tokens)
 
-  plan = plan_programs(RunPrograms, shape, topology, devices=devices, costs=costs,
-                       advice=advice)
+  plan = plan_programs(functools.partial(RunPrograms, only=only), shape, topology,
+                       devices=devices, costs=costs, advice=advice)
   return dataclasses.replace(plan, costs_rows_divisor=divisor[-1]) if divisor else plan
 
 
