@@ -101,8 +101,11 @@ def test_a_cell_with_costs_shows_the_roofline_time_per_update(script):
   record = {"topology": "v5p:2x2x1", "chips": 4, "hbm_per_chip_bytes": 95 * GIB,
             "peak_bytes_per_chip": {"generate": 10 * GIB, "experience_update": 28.7 * GIB},
             "plan": {"programs": {"generate": {"roofline_s": 0.25},
-                                  "experience_update": {"roofline_s": 0.5}}}}
+                                  "experience_update": {"roofline_s": 0.5}}},
+            "decode_weights": script.DECODE_WEIGHTS}
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95, 0.75 s"
+  # A rollout compiled when the decode step gathered every layer's weights: marked.
+  assert script.cell_text(dict(record, decode_weights=None)).endswith(", 0.75 s †")
   record["plan"]["costs_rows_divisor"] = 4  # extrapolated from 1/4 and 1/2 of the rows
   assert script.cell_text(record) == "v5p:2x2x1 (4 chips), 28.7 of 95, ~0.75 s"
   # GPU cells have no costs: memory only.
@@ -135,6 +138,38 @@ def test_costs_are_added_to_a_memory_only_cell_at_its_own_slice_and_remat(
   assert script.cell_text(gpu).startswith("h100:2 (2 GPUs), ")
   assert script.cell_text(dict(gpu, topology="h100:1", chips=1)).startswith("h100:1 (1 GPU), ")
   assert "| h100: GPUs, peak GiB per GPU |" in script.table([record, gpu])
+
+
+def test_recosting_replaces_the_rollout_of_a_cell_compiled_with_gathered_decode_weights(
+    script, stub_plans, monkeypatch, tmp_path):
+  from jax_ppo.diagnostics import ppo_plan
+
+  planned = []
+
+  def plan_run(shape, topology_name, *, devices, advice, only=None):
+    planned.append((topology_name, shape.remat, len(devices), only))
+    programs = {"generate": {"roofline_s": 0.25, "peak_bytes_per_chip": 2 * GIB}}
+    if only is None:
+      programs["experience_update"] = {"roofline_s": 0.5, "peak_bytes_per_chip": 14 * GIB}
+    return types.SimpleNamespace(costs_rows_divisor=None,
+                                 to_json=lambda: {"fits": True, "costs_rows_divisor": None,
+                                                  "programs": programs})
+
+  monkeypatch.setattr(ppo_plan, "plan_run", plan_run)
+  record = script.plan_cell("qwen3-0.6b", "ppo", "v5e", tmp_path, costs=True)
+  assert record["decode_weights"] == script.DECODE_WEIGHTS  # planned now: nothing to recost
+  assert script.recost_generate(record, tmp_path) is record and len(planned) == 1
+  old = dict(record, decode_weights=None, plan=dict(record["plan"], programs=dict(
+      record["plan"]["programs"], generate={"roofline_s": 1.25, "peak_bytes_per_chip": GIB})))
+  assert script.cell_text(old) == "v5e:4x4 (16 chips), 14.0 of 16, 1.75 s †"
+  new = script.recost_generate(old, tmp_path)
+  assert planned[-1] == ("v5e:4x4", "dots", 16, ("generate",))  # the rollout alone, no walk
+  assert script.cell_text(new) == "v5e:4x4 (16 chips), 14.0 of 16, 0.75 s"
+  assert new["peak_bytes_per_chip"]["generate"] == 2 * GIB and new["plan"]["fits"]
+  assert new["plan"]["programs"]["experience_update"] == old["plan"]["programs"][
+      "experience_update"]
+  written = json.loads((tmp_path / "qwen3-0.6b_ppo_v5e.json").read_text())
+  assert written["plan"] == new["plan"] and written["recost_s"] >= 0
 
 
 def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):

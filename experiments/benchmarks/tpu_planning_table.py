@@ -33,10 +33,12 @@ full `max_new_tokens`).
     pip install -e ".[tpu,plan-gpu]"   # in a virtual environment of its own
     python experiments/benchmarks/tpu_planning_table.py [--models qwen3-0.6b,...]
         [--runs ppo,grpo,lora-ppo] [--generations v5e,v5p,v6e,h100,h200] [--out DIR] [--table]
-        [--memory-only] [--skip-existing] [--add-costs]
+        [--memory-only] [--skip-existing] [--add-costs] [--recost-generate]
 
 `--add-costs` plans the TPU cells that were written with `--memory-only` in full, at the slice
-and remat they record, without walking the slices again.
+and remat they record, without walking the slices again. `--recost-generate` re-plans the
+rollout (`generate`) alone of the cells planned in full when the sampler's decode step still
+gathered every layer's weights on every chip (`DECODE_WEIGHTS`).
 
 JAX's persistent compilation cache is not used: it cannot load executables compiled for devices
 that are not present (every program here).
@@ -74,6 +76,11 @@ GPU_MEM_FRACTION = 0.95
 allocator takes 75% by default)."""
 PROMPT, RESPONSE, ROWS = 1024, 1024, 64
 FALLBACK_REMAT = "full"
+DECODE_WEIGHTS = "in place"
+"""A record's `decode_weights` when its `generate` was compiled with the decode step leaving
+FSDP's weights in place (`jax_ppo.parallel.rules.stationary_activations`). Records without it
+were compiled when every decode step gathered every layer's weights on every chip: their
+rollout's cost is that layout's, marked `†` in the table (`--recost-generate` recompiles it)."""
 """The remat policy a slice is tried with when its programs do not fit with the default's."""
 
 
@@ -180,6 +187,7 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
         record["plan"] = ppo_plan.plan_run(shape, topology, devices=devices,
                                            advice=False).to_json()
         record["plan_s"] = round(time.perf_counter() - start, 1)
+        record["decode_weights"] = DECODE_WEIGHTS
       break
   else:
     record = {"model": model, "run": run, "generation": generation, "topology": None,
@@ -204,8 +212,40 @@ def add_costs(record: dict, out: pathlib.Path) -> dict:
   assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
   start = time.perf_counter()
   record = dict(record, plan=ppo_plan.plan_run(shape, record["topology"], devices=devices,
-                                               advice=False).to_json())
+                                               advice=False).to_json(),
+                decode_weights=DECODE_WEIGHTS)
   record["plan_s"] = round(time.perf_counter() - start, 1)
+  name = f"{record['model']}_{record['run']}_{record['generation']}.json"
+  (out / name).write_text(json.dumps(record, indent=2) + "\n")
+  return record
+
+
+def recost_generate(record: dict, out: pathlib.Path) -> dict:
+  """Re-plans the `generate` program alone (its peak, costs and roofline time) of a cell planned
+  in full before the decode step left FSDP's weights in place (`DECODE_WEIGHTS`), with the
+  cell's own shape, slice and remat, and rewrites its JSON; other cells are returned unchanged.
+  Its other programs keep their plan: the change touched the decode step alone."""
+  from jax_ppo.diagnostics import ppo_plan
+  from jax_ppo.diagnostics.plan import topology_devices
+
+  if record["plan"] is None or record.get("decode_weights") == DECODE_WEIGHTS:
+    return record
+  devices = topology_devices(record["topology"])
+  shape = dataclasses.replace(run_shape_for(record["model"], record["run"], len(devices)),
+                              remat=record["remat"])
+  assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
+  start = time.perf_counter()
+  plan = ppo_plan.plan_run(shape, record["topology"], devices=devices, advice=False,
+                           only=("generate",))
+  generate = plan.to_json()["programs"]["generate"]
+  peaks = dict(record["peak_bytes_per_chip"], generate=generate["peak_bytes_per_chip"])
+  usable = int(record["hbm_per_chip_bytes"] * memory_fraction(record["generation"]))
+  record = dict(record, peak_bytes_per_chip=peaks, decode_weights=DECODE_WEIGHTS,
+                recost_s=round(time.perf_counter() - start, 1),
+                plan=dict(record["plan"], fits=max(peaks.values()) <= usable,
+                          costs_rows_divisor=(record["plan"]["costs_rows_divisor"]
+                                              or plan.costs_rows_divisor),
+                          programs=dict(record["plan"]["programs"], generate=generate)))
   name = f"{record['model']}_{record['run']}_{record['generation']}.json"
   (out / name).write_text(json.dumps(record, indent=2) + "\n")
   return record
@@ -221,8 +261,9 @@ RUN_LABELS = {
 def cell_text(record: dict | None) -> str:
   """One cell of the table: the smallest slice that fits, its chips, its peak HBM per chip of
   the chip's HBM, and its roofline time per update when the cell was planned with costs ("~"
-  before it when the costs were extrapolated from fewer rows: `costs_rows_divisor`); "none
-  up to" the largest slice tried; "not planned"."""
+  before it when the costs were extrapolated from fewer rows: `costs_rows_divisor`; "†" after
+  it when its rollout was compiled gathering every layer's weights at every decode step:
+  `DECODE_WEIGHTS`); "none up to" the largest slice tried; "not planned"."""
   from jax_ppo.models import DEFAULT_REMAT
 
   gib = 2.0**30
@@ -242,6 +283,8 @@ def cell_text(record: dict | None) -> str:
   if times and None not in times:  # "~": costs extrapolated from fewer rows (bytes approximate)
     approx = "~" if record["plan"].get("costs_rows_divisor") else ""
     text += f", {approx}{sum(times):.2f} s"
+    if record.get("decode_weights") != DECODE_WEIGHTS:
+      text += " †"
   return text
 
 
@@ -281,11 +324,27 @@ def main(argv=None) -> int:
   parser.add_argument("--add-costs", action="store_true",
                       help="plan the TPU cells already in --out that have memory only in full "
                            "(their roofline time), walking no slices")
+  parser.add_argument("--recost-generate", action="store_true",
+                      help="re-plan the `generate` program of the TPU cells planned in full "
+                           "whose rollout gathered every layer's weights at every decode step "
+                           "(marked †), walking no slices")
   args = parser.parse_args(argv)
   # a GPU plan's fit is judged against the share JAX's allocator takes (GPU_MEM_FRACTION)
   os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
   os.environ["XLA_CLIENT_MEM_FRACTION"] = str(GPU_MEM_FRACTION)
-  if args.add_costs:
+  if args.recost_generate:
+    for model in args.models.split(","):
+      for run in args.runs.split(","):
+        for generation in args.generations.split(","):
+          path = args.out / f"{model}_{run}_{generation}.json"
+          if not path.exists():
+            continue
+          start = time.perf_counter()
+          record = json.loads(path.read_text())
+          if recost_generate(record, args.out) is not record:
+            print(f"{model} {run} {generation}: generate of {record['topology']} "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+  elif args.add_costs:
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
