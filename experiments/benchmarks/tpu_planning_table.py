@@ -197,27 +197,39 @@ def plan_cell(model: str, run: str, generation: str, out: pathlib.Path, *,
   return record
 
 
+def cell_shape(record: dict):
+  """The `RunShape` and devices of a cell already planned: its own slice, rows and remat."""
+  from jax_ppo.diagnostics.plan import topology_devices
+
+  devices = topology_devices(record["topology"])
+  shape = dataclasses.replace(run_shape_for(record["model"], record["run"], len(devices)),
+                              remat=record["remat"])
+  assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
+  return shape, devices
+
+
+def write_cell(record: dict, out: pathlib.Path) -> dict:
+  """Writes `record` to its JSON under `out`; returns it."""
+  name = f"{record['model']}_{record['run']}_{record['generation']}.json"
+  (out / name).write_text(json.dumps(record, indent=2) + "\n")
+  return record
+
+
 def add_costs(record: dict, out: pathlib.Path) -> dict:
   """Plans a memory-only cell's slice in full (costs with every loop trip, roofline time), with
   the cell's own shape and remat, and rewrites its JSON; a cell without a fitting slice, one
   planned with costs already and a GPU cell (no costs without a GPU) are returned unchanged."""
   from jax_ppo.diagnostics import ppo_plan
-  from jax_ppo.diagnostics.plan import topology_devices
 
   if record["topology"] is None or record["plan"] is not None or record["generation"] in GPUS:
     return record
-  devices = topology_devices(record["topology"])
-  shape = dataclasses.replace(run_shape_for(record["model"], record["run"], len(devices)),
-                              remat=record["remat"])
-  assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
+  shape, devices = cell_shape(record)
   start = time.perf_counter()
   record = dict(record, plan=ppo_plan.plan_run(shape, record["topology"], devices=devices,
                                                advice=False).to_json(),
                 decode_weights=DECODE_WEIGHTS)
   record["plan_s"] = round(time.perf_counter() - start, 1)
-  name = f"{record['model']}_{record['run']}_{record['generation']}.json"
-  (out / name).write_text(json.dumps(record, indent=2) + "\n")
-  return record
+  return write_cell(record, out)
 
 
 def recost_generate(record: dict, out: pathlib.Path) -> dict:
@@ -226,14 +238,10 @@ def recost_generate(record: dict, out: pathlib.Path) -> dict:
   cell's own shape, slice and remat, and rewrites its JSON; other cells are returned unchanged.
   Its other programs keep their plan: the change touched the decode step alone."""
   from jax_ppo.diagnostics import ppo_plan
-  from jax_ppo.diagnostics.plan import topology_devices
 
   if record["plan"] is None or record.get("decode_weights") == DECODE_WEIGHTS:
     return record
-  devices = topology_devices(record["topology"])
-  shape = dataclasses.replace(run_shape_for(record["model"], record["run"], len(devices)),
-                              remat=record["remat"])
-  assert shape.ppo.batch_size == record["rows"], (shape.ppo.batch_size, record["rows"])
+  shape, devices = cell_shape(record)
   start = time.perf_counter()
   plan = ppo_plan.plan_run(shape, record["topology"], devices=devices, advice=False,
                            only=("generate",))
@@ -246,9 +254,7 @@ def recost_generate(record: dict, out: pathlib.Path) -> dict:
                           costs_rows_divisor=(record["plan"]["costs_rows_divisor"]
                                               or plan.costs_rows_divisor),
                           programs=dict(record["plan"]["programs"], generate=generate)))
-  name = f"{record['model']}_{record['run']}_{record['generation']}.json"
-  (out / name).write_text(json.dumps(record, indent=2) + "\n")
-  return record
+  return write_cell(record, out)
 
 
 RUN_LABELS = {
@@ -332,7 +338,10 @@ def main(argv=None) -> int:
   # a GPU plan's fit is judged against the share JAX's allocator takes (GPU_MEM_FRACTION)
   os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
   os.environ["XLA_CLIENT_MEM_FRACTION"] = str(GPU_MEM_FRACTION)
-  if args.recost_generate:
+  if args.recost_generate or args.add_costs:
+    # Cells already in --out, re-planned in place (no walk): their rollout, or their costs.
+    update, what = ((recost_generate, "generate") if args.recost_generate
+                    else (add_costs, "costs"))
     for model in args.models.split(","):
       for run in args.runs.split(","):
         for generation in args.generations.split(","):
@@ -341,20 +350,8 @@ def main(argv=None) -> int:
             continue
           start = time.perf_counter()
           record = json.loads(path.read_text())
-          if recost_generate(record, args.out) is not record:
-            print(f"{model} {run} {generation}: generate of {record['topology']} "
-                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
-  elif args.add_costs:
-    for model in args.models.split(","):
-      for run in args.runs.split(","):
-        for generation in args.generations.split(","):
-          path = args.out / f"{model}_{run}_{generation}.json"
-          if not path.exists():
-            continue
-          start = time.perf_counter()
-          record = json.loads(path.read_text())
-          if add_costs(record, args.out) is not record:
-            print(f"{model} {run} {generation}: costs of {record['topology']} "
+          if update(record, args.out) is not record:
+            print(f"{model} {run} {generation}: {what} of {record['topology']} "
                   f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
   elif not args.table:
     for model in args.models.split(","):

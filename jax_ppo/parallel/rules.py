@@ -261,14 +261,19 @@ def gather_layers(mesh: Mesh | None):
     _GATHER_MESH.pop()
 
 
+def _fsdp_gather_mesh() -> Mesh | None:
+  """The innermost `gather_layers` mesh when it splits over `fsdp`, else None."""
+  if not _GATHER_MESH or _GATHER_MESH[-1].shape.get("fsdp", 1) == 1:
+    return None
+  return _GATHER_MESH[-1]
+
+
 def gather_layer_weights(layer_state: Any) -> Any:
   """Inside jit: one layer's parameters (no `[L]` axis) constrained to their rule sharding with
   the `fsdp` axis removed (ZeRO-3's per-layer all-gather; `tensor` splits stay). Identity
   outside `gather_layers` (no mesh), so single-device programs are unchanged."""
-  if not _GATHER_MESH:
-    return layer_state
-  mesh = _GATHER_MESH[-1]
-  if mesh.shape.get("fsdp", 1) == 1:
+  mesh = _fsdp_gather_mesh()
+  if mesh is None:
     return layer_state
 
   def one(path, x):
@@ -286,10 +291,8 @@ def stationary_layer_weights(layer_state: Any) -> Any:
   them, `stationary_activations`); identity otherwise. Pins the decode step's own reads of the
   weights, so that the layout XLA gives the same slices elsewhere in the program (a prefill
   that gathers them) does not carry over."""
-  if not _GATHER_MESH:
-    return layer_state
-  mesh = _GATHER_MESH[-1]
-  if mesh.shape.get("fsdp", 1) == 1:
+  mesh = _fsdp_gather_mesh()
+  if mesh is None:
     return layer_state
 
   def one(path, x):
@@ -308,7 +311,7 @@ def remat_gathered(step: Callable, *, prevent_cse: bool) -> Callable:
   gathered weights (`GATHERED`), which the backward pass gathers again: otherwise the forward
   loop would stack every layer's gathered copy, the whole model on each device. Identity
   outside `gather_layers` or without an `fsdp` axis (for bodies without other remat)."""
-  if not _GATHER_MESH or _GATHER_MESH[-1].shape.get("fsdp", 1) == 1:
+  if _fsdp_gather_mesh() is None:
     return step
   return jax.checkpoint(step, policy=_not_gathered, prevent_cse=prevent_cse)
 
@@ -366,10 +369,8 @@ def stationary_activations(h: Any) -> Any:
   matrix and all-reduces `[B, F]` partial sums, instead of gathering every layer's `D x F`
   matrices to every device at every step (what the forward over many tokens does,
   `gather_layer_weights`)."""
-  if not _GATHER_MESH:
-    return h
-  mesh = _GATHER_MESH[-1]
-  if mesh.shape.get("fsdp", 1) == 1:
+  mesh = _fsdp_gather_mesh()
+  if mesh is None:
     return h
   return jax.lax.with_sharding_constraint(h, NamedSharding(mesh, stationary_spec(h.shape, mesh)))
 
