@@ -5,7 +5,8 @@ host (libtpu; no TPU runs anything).
 For cells of the planning table (`tpu_planning_table.py`: their slice, rows and remat read from
 its records in `results/tpu_planning/`) it compiles the rollout's programs twice, once as the
 table planned them (the sampler on the run's mesh, FSDP over every chip: each decode step
-gathers every layer's weights on every chip) and once with `decode_tensor = k` (the chips
+reads a chip's own `1/n` of every matrix, `jax_ppo.parallel.rules.stationary_layer_weights`,
+and all-reduces partial sums over the `n` chips) and once with `decode_tensor = k` (the chips
 regrouped `(n/k, 1, k)`: each chip holds `1/k` of every matrix in the compute dtype, moved there
 once per rollout by the `decode_state` program), and reports per chip:
 

@@ -232,8 +232,8 @@ class Decoder(nnx.Module):
     `layer` is a `Block` holding one layer's weights; `window` is that layer's sliding window
     (int32 scalar) or None. Returns the final carry and the `ys` stacked over layers.
     `gather_weights`: under a mesh with `fsdp`, gather each layer's weights before its body
-    (`gather_layer_weights`: what a forward over many tokens wants); False leaves them split
-    where they are, for XLA to move activations instead (the decode step).
+    (`gather_layer_weights`: what a forward over many tokens wants); False pins them to their
+    FSDP split (`stationary_layer_weights`: the decode step, which moves activations instead).
     """
     graphdef, state = nnx.split(self.layers)
     n = self.config.num_layers

@@ -249,7 +249,8 @@ def gather_layers(mesh: Mesh | None):
   Without the gather XLA may instead all-gather the *activations* of the whole batch to meet
   an FSDP-split contraction dimension (every device then computes every row of the MLP), which
   costs data parallelism and `L x B x S x F` activation memory. The decode step, one token per
-  row, is the exception: it leaves the weights in place (`stationary_activations`).
+  row, is the exception: it leaves the weights in place (`stationary_layer_weights`,
+  `stationary_activations`).
   """
   if mesh is None:
     yield

@@ -54,7 +54,8 @@ def test_the_rollout_mesh_splits_the_matrices_on_heads(result):
   assert result["q_spec"] == "P(None, None, 'tensor')" and result["q_shard_shape"] == [2, 32, 8]
   assert "fsdp" in result["trained_q_spec"]
   # Neither layout gathers a weight matrix in the decode step: FSDP's stay split on their width
-  # (`rules.stationary_activations`), the tensor-parallel ones on their heads, MLP or vocabulary.
+  # (`rules.stationary_layer_weights`), the tensor-parallel ones on their heads, MLP or
+  # vocabulary.
   matrices = {tuple(s) for s in result["layer_matrix_shapes"]}
   assert matrices == {(32, 16), (32, 32), (32, 64), (64, 32)}
   assert result["decode_step_gathers"]["fsdp"]  # FSDP's step gathers some activations
