@@ -349,7 +349,7 @@ def test_a_plan_whose_cost_variants_are_refused_gets_costs_from_fewer_rows(monke
 
   refuse_above = [32]
   monkeypatch.setattr(ppo_plan, "layer_costs",
-                      lambda s, mesh, topology: _affine_costs(s, refuse_above[0]))
+                      lambda s, mesh, topology, only=None: _affine_costs(s, refuse_above[0]))
   monkeypatch.setattr(ppo_plan, "batch_axis_size", lambda mesh: 4)
   run = SimpleNamespace(sampling=SimpleNamespace(max_new_tokens=8))
   seen = {}
