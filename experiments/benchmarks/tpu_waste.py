@@ -103,6 +103,8 @@ def parse_args(argv=None):
   p.add_argument("--epochs", type=int, default=4, help="ppo_epochs")
   p.add_argument("--dtype", default="bfloat16", help="compute dtype")
   p.add_argument("--parts", default="update,decode,fsdp", help="which ratios to compute")
+  p.add_argument("--remats", default="dots,none",
+                 help="the remat policies of (a), comma-separated (dots: the default)")
   p.add_argument("--decode-segments", type=int, default=None,
                  help="the sampler's decode loops K (default: SamplingConfig's; 1: one loop)")
   p.add_argument("--json", help="write the results here")
@@ -242,7 +244,7 @@ def main(argv=None) -> int:
 
   if "update" in parts:
     update = {}
-    for remat in ("dots", "none"):
+    for remat in args.remats.split(","):
       for form, micro in (("split", args.microbatch), ("fused", args.rows)):
         run_shape = shape(micro, remat)
         names = (["experience_update"] if form == "fused" else ["experience", "update"])
