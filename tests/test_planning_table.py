@@ -170,6 +170,7 @@ def test_recosting_replaces_the_rollout_of_a_cell_compiled_with_gathered_decode_
       "experience_update"]
   written = json.loads((tmp_path / "qwen3-0.6b_ppo_v5e.json").read_text())
   assert written["plan"] == new["plan"] and written["recost_s"] >= 0
+  assert written["recost_host"]["cores"] >= 1 and written["host"] == record["host"]
 
 
 def test_the_docs_table_is_the_scripts_table_of_the_committed_records(script):

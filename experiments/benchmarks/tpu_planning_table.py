@@ -235,7 +235,8 @@ def add_costs(record: dict, out: pathlib.Path) -> dict:
 def recost_generate(record: dict, out: pathlib.Path) -> dict:
   """Re-plans the `generate` program alone (its peak, costs and roofline time) of a cell planned
   in full before the decode step left FSDP's weights in place (`DECODE_WEIGHTS`), with the
-  cell's own shape, slice and remat, and rewrites its JSON; other cells are returned unchanged.
+  cell's own shape, slice and remat, and rewrites its JSON (`recost_host`: the host it was
+  recompiled on, `host` the one that planned the rest); other cells are returned unchanged.
   Its other programs keep their plan: the change touched the decode step alone."""
   from jax_ppo.diagnostics import ppo_plan
 
@@ -249,7 +250,7 @@ def recost_generate(record: dict, out: pathlib.Path) -> dict:
   peaks = dict(record["peak_bytes_per_chip"], generate=generate["peak_bytes_per_chip"])
   usable = int(record["hbm_per_chip_bytes"] * memory_fraction(record["generation"]))
   record = dict(record, peak_bytes_per_chip=peaks, decode_weights=DECODE_WEIGHTS,
-                recost_s=round(time.perf_counter() - start, 1),
+                recost_s=round(time.perf_counter() - start, 1), recost_host=host_record(),
                 plan=dict(record["plan"], fits=max(peaks.values()) <= usable,
                           costs_rows_divisor=(record["plan"]["costs_rows_divisor"]
                                               or plan.costs_rows_divisor),
