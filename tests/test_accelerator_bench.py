@@ -166,3 +166,11 @@ def test_accelerator_script_dry_run(tmp_path):
                                             + decode["live_kv_bytes_per_chip"]) > 0
   assert decode["ratio"] == pytest.approx(decode["compiled_bytes_per_chip"]
                                           / decode["ideal_bytes_per_chip"])
+
+
+def test_tpu_waste_refuses_a_remat_the_model_count_does_not_know_before_compiling(capsys):
+  waste = _bench_module("tpu_waste")
+  with pytest.raises(SystemExit, match=r"--remats: remat='dot'"):
+    waste.main(["--topology", "local", "--parts", "update", "--remats", "none,dot",
+                "--layers", "2"])
+  assert "update flops" not in capsys.readouterr().out  # nothing compiled

@@ -244,7 +244,15 @@ def main(argv=None) -> int:
 
   if "update" in parts:
     update = {}
-    for remat in args.remats.split(","):
+    remats = args.remats.split(",")
+    for remat in remats:  # a policy the model count does not know is refused before compiling
+      try:
+        compiled_update_model_flops(config, rows=args.rows, prompt_len=args.prompt,
+                                    response_len=args.response, epochs=args.epochs, remat=remat,
+                                    fused_first_epoch=True)
+      except ValueError as e:
+        raise SystemExit(f"--remats: {e}") from None
+    for remat in remats:
       for form, micro in (("split", args.microbatch), ("fused", args.rows)):
         run_shape = shape(micro, remat)
         names = (["experience_update"] if form == "fused" else ["experience", "update"])
