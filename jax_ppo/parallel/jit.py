@@ -10,7 +10,7 @@ the `jax.jit` on the first call for each argument structure, with
 * `out_shardings`: one role per output (a tuple of roles for a tuple output);
 
 and places the arguments with `jax.device_put` before the call (a no-op for arrays that already
-have their sharding), so host arrays and arrays of another layout are accepted. Donated
+have their sharding; `place`), so host arrays and arrays of another layout are accepted. Donated
 arguments keep their layout across calls (the output role of a donated state is `"params"`),
 which is what lets XLA reuse their buffers. Programs are traced under `rules.gather_layers`,
 so the decoder gathers each layer's FSDP-split weights inside its layer loop.
@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh
 
 from jax_ppo.parallel import rules
@@ -38,6 +39,30 @@ def shardings_for(role: str, tree: Any, mesh: Mesh) -> Any:
   if role == "replicated":
     return jax.tree.map(lambda _: rules.replicated(mesh), tree)
   raise ValueError(f"Unknown sharding role {role!r}; use one of {ROLES}.")
+
+
+def place(args: Any, shardings: Any) -> Any:
+  """`jax.device_put(args, shardings)` (`shardings` a tree of `args`' structure), except that in a
+  job of several processes a typed PRNG key (`jax.random.key`) that this process alone holds is
+  placed through its raw data: JAX's `device_put` (0.10) refuses such a key for a sharding over
+  other processes' devices, where it takes a host array of the same value on every process (and
+  checks that it is the same)."""
+  if jax.process_count() == 1:
+    return jax.device_put(args, shardings)
+  leaves, treedef = jax.tree.flatten(args)
+  targets = treedef.flatten_up_to(shardings)
+
+  def local_key(x, sharding) -> bool:
+    return (isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            and x.is_fully_addressable and not sharding.is_fully_addressable)
+
+  if not any(local_key(x, s) for x, s in zip(leaves, targets, strict=True)):
+    return jax.device_put(args, shardings)
+  placed = [jax.random.wrap_key_data(jax.device_put(np.asarray(jax.random.key_data(x)), s),
+                                     impl=jax.random.key_impl(x))
+            if local_key(x, s) else jax.device_put(x, s)
+            for x, s in zip(leaves, targets, strict=True)]
+  return jax.tree.unflatten(treedef, placed)
 
 
 class MeshJit:
@@ -104,7 +129,7 @@ class MeshJit:
   def __call__(self, *args):
     jitted, in_sh = self._entry(args)
     with rules.gather_layers(self.mesh):  # traced on the first call of each shape
-      return jitted(*jax.device_put(args, in_sh))
+      return jitted(*place(args, in_sh))
 
   def lower(self, *args):
     """`jax.jit(...).lower` for these arguments (arrays or `ShapeDtypeStruct`s), e.g. to read

@@ -54,10 +54,9 @@ def main() -> None:
   # The policy placed as a trainer places it: a global array over the mesh, split on the FSDP
   # rules, made on every process from the same host copy (the same seed everywhere).
   state = rules.shard_params(jax.tree.map(np.asarray, nnx.state(model)), mesh)
-  # A raw uint32 key, as a trainer's state holds it: with 2 processes, jax 0.10.2's `device_put`
-  # onto the mesh refuses a typed `jax.random.key` made on one device ("must be a Device or a
-  # Sharding which represents addressable devices").
-  key = jax.random.PRNGKey(5)
+  # A typed key made on this process's first device (`jax_ppo.parallel.jit.place` puts it on
+  # the mesh over both processes, which `jax.device_put` alone refuses).
+  key = jax.random.key(5)
   result = {"process": jax.process_index(), "processes": jax.process_count(),
             "devices": jax.device_count(), "rows": [start, stop], "layouts": {}}
   for tensor in (None, 2, 4):
