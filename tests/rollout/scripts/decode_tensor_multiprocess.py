@@ -45,8 +45,9 @@ def main() -> None:
   mesh = make_mesh(MeshConfig(data=1, fsdp=8))
   config = SamplingConfig(max_new_tokens=9, greedy=False, temperature=1.0, n_samples=2,
                           pad_token_id=0, stop_token_ids=(3,))
-  ids, mask = left_pad_prompts(PROMPTS, config, max_context=decode_tensor.CONFIG
-                               .max_position_embeddings, vocab_size=decode_tensor.CONFIG.vocab_size)
+  model_config = decode_tensor.CONFIG
+  ids, mask = left_pad_prompts(PROMPTS, config, vocab_size=model_config.vocab_size,
+                               max_context=model_config.max_position_embeddings)
   shardings = rules.batch_shardings(ids, mesh)
   start, stop = host_rows.local_row_range(shardings, ids.shape)
   ids, mask = (host_rows.global_rows(x[start:stop], shardings, x.shape) for x in (ids, mask))
