@@ -244,25 +244,23 @@ def main(argv=None) -> int:
 
   if "update" in parts:
     update = {}
-    remats = args.remats.split(",")
-    for remat in remats:  # a policy the model count does not know is refused before compiling
-      try:
-        compiled_update_model_flops(config, rows=args.rows, prompt_len=args.prompt,
-                                    response_len=args.response, epochs=args.epochs, remat=remat,
-                                    fused_first_epoch=True)
-      except ValueError as e:
-        raise SystemExit(f"--remats: {e}") from None
-    for remat in remats:
-      for form, micro in (("split", args.microbatch), ("fused", args.rows)):
+    forms = (("split", args.microbatch), ("fused", args.rows))
+    try:  # the model counts first: a policy they do not know is refused before compiling
+      models = {(remat, form): compiled_update_model_flops(
+                    config, rows=args.rows, prompt_len=args.prompt, response_len=args.response,
+                    epochs=args.epochs, remat=remat, fused_first_epoch=form == "fused")
+                for remat in args.remats.split(",") for form, _ in forms}
+    except ValueError as e:
+      raise SystemExit(f"--remats: {e}") from None
+    for remat in args.remats.split(","):
+      for form, micro in forms:
         run_shape = shape(micro, remat)
         names = (["experience_update"] if form == "fused" else ["experience", "update"])
         t0 = time.perf_counter()
         xla = costs(run_shape, [*names, "microbatch_grad", "optimizer_step"])
         corrected = ppo_plan.loop_corrected(xla, run_shape.ppo, max_new_tokens=args.response)
         compiled = {k: corrected[k].flops for k in names}
-        model = compiled_update_model_flops(
-            config, rows=args.rows, prompt_len=args.prompt, response_len=args.response,
-            epochs=args.epochs, remat=remat, fused_first_epoch=form == "fused")
+        model = models[remat, form]
         total = sum(compiled.values())
         ratio = total / (model["total"] / n)
         parts_ratio = ({"experience": compiled["experience"] / (model["experience"] / n),

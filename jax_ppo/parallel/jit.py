@@ -56,12 +56,13 @@ def place(args: Any, shardings: Any) -> Any:
     return (isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
             and x.is_fully_addressable and not sharding.is_fully_addressable)
 
-  if not any(local_key(x, s) for x, s in zip(leaves, targets, strict=True)):
+  keys = [local_key(x, s) for x, s in zip(leaves, targets, strict=True)]
+  if not any(keys):
     return jax.device_put(args, shardings)
   placed = [jax.random.wrap_key_data(jax.device_put(np.asarray(jax.random.key_data(x)), s),
                                      impl=jax.random.key_impl(x))
-            if local_key(x, s) else jax.device_put(x, s)
-            for x, s in zip(leaves, targets, strict=True)]
+            if key else jax.device_put(x, s)
+            for x, s, key in zip(leaves, targets, keys, strict=True)]
   return jax.tree.unflatten(treedef, placed)
 
 
