@@ -2,7 +2,7 @@
 
     python experiments/rlvr.py                        # every algorithm; see --help
     python experiments/rlvr.py --algorithms grpo,gspo --updates 40
-    python experiments/rlvr.py --smoke                # CI sizes, ~4 minutes: docs/usage.md's table
+    python experiments/rlvr.py --smoke                # CI sizes, ~5 minutes: docs/usage.md's table
 
 Nothing is downloaded. The task is the package's seeded arithmetic problems
 (`jax_ppo.data.arithmetic`: "Q: What is 37 + 48?\\nA:", train and held-out problems never meet)
@@ -11,9 +11,11 @@ answer is the result). A tiny decoder with a byte-level tokenizer that splits di
 from random weights by SFT on worked answers (`out/sft/hf`), then each algorithm trains that
 same SFT model on the RL prompts (`out/data/rl.jsonl`, the first `rl_problems` SFT problems)
 through the run configs users write (`jax-ppo train`; `jax-ppo dpo` with `prompts_path` for
-online DPO; `out/<algorithm>/`). The script measures the greedy exact match of the SFT model and
-of each result on the held-out problems and on the RL prompts, the KL to the SFT model and the
-response length at the last update, and the wall time of the RL stage. It writes
+online DPO; `out/<algorithm>/`). The script measures, for the SFT model and each result, the
+greedy exact match on the held-out problems and on the RL prompts, and the sampled exact match on
+the RL prompts (`eval_samples` responses per prompt at the training temperature: the expected
+reward that RL maximises); and the KL to the SFT model and the response length at the last
+update, and the wall time of the RL stage. It writes
 `out/summary.json` and prints the Markdown table of docs/usage.md ("The algorithms on a
 verifiable task").
 
@@ -82,6 +84,8 @@ class RLVRConfig:
   """The RL prompts: the first this many training problems (`out/data/rl.jsonl`), each seen by
   SFT too; their exact match is measured beside the held-out one."""
   eval_problems: int = 200
+  eval_samples: int = 32
+  """Responses sampled per RL prompt at `temperature` for the sampled exact match."""
   vocab_size: int = 300
   hidden_size: int = 128
   num_layers: int = 3
@@ -103,9 +107,9 @@ class RLVRConfig:
 
 def smoke(**overrides) -> RLVRConfig:
   """CI sizes: one-digit sums and differences, a 2-layer width-64 decoder, a short SFT, RL on
-  32 of its problems (each seen about 6 times in 24 updates)."""
-  fields = dict(digits=1, operations="+-", train_problems=150, rl_problems=32, eval_problems=16,
-                hidden_size=64, num_layers=2, sft_steps=300, updates=24, prompts_per_update=8,
+  16 of its problems, every one of them in each of 48 updates."""
+  fields = dict(digits=1, operations="+-", train_problems=150, rl_problems=16, eval_problems=16,
+                hidden_size=64, num_layers=2, sft_steps=300, updates=48, prompts_per_update=16,
                 n_samples=4, max_new_tokens=16)
   return RLVRConfig(**{**fields, **overrides})
 
@@ -178,9 +182,12 @@ def stage_sft(cfg: RLVRConfig, out: pathlib.Path, tokenizer, *, progress: bool) 
 
 
 def accuracy(model_dir: pathlib.Path, tokenizer, prompts: Sequence[str], *,
-             max_new_tokens: int) -> dict[str, float]:
-  """Held-out exact-match accuracy of the model in `model_dir` (greedy decoding) and its mean
-  response length in tokens."""
+             max_new_tokens: int, samples: int = 0, temperature: float = 1.0,
+             seed: int = 0) -> dict[str, float]:
+  """Exact-match accuracy of the model in `model_dir` on `prompts` and its mean response length
+  in tokens: of greedy decoding (`samples=0`), or the mean over `samples` responses per prompt
+  drawn at `temperature` (the expected reward of the sampling policy; the same draws for every
+  model at one `seed`)."""
   import jax
   import numpy as np
 
@@ -191,10 +198,11 @@ def accuracy(model_dir: pathlib.Path, tokenizer, prompts: Sequence[str], *,
 
   model = from_pretrained(str(model_dir))
   sampler = Sampler(model, SamplingConfig(
-      max_new_tokens=max_new_tokens, greedy=True, stop_token_ids=(tokenizer.eos_token_id,),
-      pad_token_id=tokenizer.pad_token_id))
+      max_new_tokens=max_new_tokens, greedy=samples == 0, temperature=temperature,
+      stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id))
+  prompts = list(prompts) * max(samples, 1)
   ids = [list(tokenizer(p)["input_ids"]) for p in prompts]
-  rollout = sampler(ids, jax.random.key(0))
+  rollout = sampler(ids, jax.random.key(seed))
   response_ids = np.asarray(rollout.response_ids)
   mask = np.asarray(rollout.response_mask).astype(bool)
   texts = [tokenizer.decode(r[m].tolist(), skip_special_tokens=True)
@@ -299,14 +307,16 @@ def table(summary: Mapping[str, Any]) -> str:
   """The Markdown table of the summary: one row per algorithm."""
   sft = summary["sft"]
   lines = ["| algorithm | held-out exact match | RL prompts' exact match | "
-           "KL to SFT (last update) | response tokens | RL wall time (s) |",
-           "|---|---|---|---|---|---|",
-           f"| SFT model (start) | {sft['accuracy']:.3f} | {sft['train_accuracy']:.3f} | - | "
-           f"{sft['response_length']:.1f} | - |"]
+           "RL prompts' exact match, sampled | KL to SFT (last update) | response tokens | "
+           "RL wall time (s) |",
+           "|---|---|---|---|---|---|---|",
+           f"| SFT model (start) | {sft['accuracy']:.3f} | {sft['train_accuracy']:.3f} | "
+           f"{sft['train_sampled_accuracy']:.3f} | - | {sft['response_length']:.1f} | - |"]
   for name, r in summary["algorithms"].items():
     kl = "-" if r.get("kl") is None else f"{r['kl']:.3f}"
-    lines.append(f"| {name} | {r['accuracy']:.3f} | {r['train_accuracy']:.3f} | {kl} | "
-                 f"{r['response_length']:.1f} | {r['wall_s']:.0f} |")
+    lines.append(f"| {name} | {r['accuracy']:.3f} | {r['train_accuracy']:.3f} | "
+                 f"{r['train_sampled_accuracy']:.3f} | {kl} | {r['response_length']:.1f} | "
+                 f"{r['wall_s']:.0f} |")
   return "\n".join(lines)
 
 
@@ -326,10 +336,13 @@ def run(cfg: RLVRConfig, out: str | os.PathLike, algorithms: Sequence[str], *,
   seen = [r["prompt"] for r in read_jsonl(out / "data" / "rl.jsonl")]
 
   def evaluate(model_dir: pathlib.Path) -> dict[str, float]:
-    """Held-out accuracy and length, and the accuracy on the RL prompts."""
+    """Held-out accuracy and length, and the greedy and sampled accuracy on the RL prompts."""
     held = accuracy(model_dir, tokenizer, held_out, max_new_tokens=cfg.max_new_tokens)
     train = accuracy(model_dir, tokenizer, seen, max_new_tokens=cfg.max_new_tokens)
-    return {**held, "train_accuracy": train["accuracy"]}
+    sampled = accuracy(model_dir, tokenizer, seen, max_new_tokens=cfg.max_new_tokens,
+                       samples=cfg.eval_samples, temperature=cfg.temperature, seed=cfg.seed)
+    return {**held, "train_accuracy": train["accuracy"],
+            "train_sampled_accuracy": sampled["accuracy"]}
 
   summary = {"config": dataclasses.asdict(cfg), "host": host_record(), "sft": evaluate(sft),
              "algorithms": {}}

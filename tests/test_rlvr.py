@@ -62,16 +62,20 @@ def test_online_dpo_is_a_valid_dpo_run_config(tmp_path):
 
 
 def test_table_has_a_row_per_algorithm():
-  summary = {"sft": {"accuracy": 0.5, "train_accuracy": 0.6, "response_length": 12.0},
-             "algorithms": {"grpo": {"accuracy": 0.625, "train_accuracy": 0.75, "kl": 0.5,
+  summary = {"sft": {"accuracy": 0.5, "train_accuracy": 0.6, "train_sampled_accuracy": 0.3,
+                     "response_length": 12.0},
+             "algorithms": {"grpo": {"accuracy": 0.625, "train_accuracy": 0.75,
+                                     "train_sampled_accuracy": 0.5, "kl": 0.5,
                                      "response_length": 11.5, "wall_s": 30.0},
-                            "ppo": {"accuracy": 0.5, "train_accuracy": 0.6, "kl": None,
+                            "ppo": {"accuracy": 0.5, "train_accuracy": 0.6,
+                                    "train_sampled_accuracy": 0.4, "kl": None,
                                     "response_length": 12.0, "wall_s": 40.0}}}
   lines = rlvr.table(summary).splitlines()
   assert len(lines) == 5
-  assert lines[2].startswith("| SFT model (start) | 0.500 | 0.600 | - | 12.0 | - |")
-  assert lines[3] == "| grpo | 0.625 | 0.750 | 0.500 | 11.5 | 30 |"
-  assert lines[4] == "| ppo | 0.500 | 0.600 | - | 12.0 | 40 |"
+  assert lines[0].count("|") == lines[1].count("|") == 8
+  assert lines[2] == "| SFT model (start) | 0.500 | 0.600 | 0.300 | - | 12.0 | - |"
+  assert lines[3] == "| grpo | 0.625 | 0.750 | 0.500 | 0.500 | 11.5 | 30 |"
+  assert lines[4] == "| ppo | 0.500 | 0.600 | 0.400 | - | 12.0 | 40 |"
 
 
 def test_unknown_algorithm_is_refused(capsys):
@@ -83,17 +87,26 @@ def test_unknown_algorithm_is_refused(capsys):
 @pytest.mark.slow
 def test_every_algorithm_raises_the_exact_match_of_its_prompts(tmp_path):
   """At CI sizes (`smoke`: one-digit sums and differences, a 2-layer decoder after 300 SFT
-  steps, 24 updates on 32 of the SFT problems) every algorithm ends with a greedy exact match on
-  its RL prompts above the SFT model's; the summary, the exports and the table are written, and
-  a second run reuses every stage."""
+  steps, 48 updates on 16 of the SFT problems) every algorithm raises the sampled exact match of
+  its RL prompts (32 responses per prompt at the training temperature: the expected reward that
+  RL maximises) by more than 0.05 over the SFT model's; the summary, the exports and the table
+  are written, and a second run reuses every stage.
+
+  Sampled, not greedy: at these sizes the SFT model's greedy exact match of its 16 problems lands
+  anywhere from 0.38 to 0.94 with the seed (and with the host's floating point), one problem being
+  1/16 of it, while its sampled exact match starts between 0.28 and 0.48, and every algorithm
+  raised it by more than 0.1 at each of six seeds tried. Every model is scored on the same draws,
+  so a model that did not move scores the start exactly; the margin asks for learning."""
   cfg = rlvr.smoke()
   summary = rlvr.run(cfg, tmp_path, rlvr.STAGES, progress=False)
-  start = summary["sft"]["train_accuracy"]
-  assert 0.1 < start < 0.9, start  # room to learn
+  start = summary["sft"]["train_sampled_accuracy"]
+  assert 0.1 < start < 0.8, start  # room to learn
   assert list(summary["algorithms"]) == list(rlvr.STAGES)
   for name, record in summary["algorithms"].items():
-    assert record["train_accuracy"] > start, (name, record["train_accuracy"], start)
+    gain = record["train_sampled_accuracy"] - start
+    assert gain > 0.05, (name, record["train_sampled_accuracy"], start)
     assert 0.0 <= record["accuracy"] <= 1.0 and record["kl"] is not None, name
+    assert 0.0 <= record["train_accuracy"] <= 1.0, name
     assert (tmp_path / name / "hf" / "config.json").exists(), name
   for name in rlvr.ALGORITHMS:  # the first minibatch of every update is on-policy (ratio 1)
     rows = rlvr.read_jsonl(tmp_path / name / "metrics.jsonl")
