@@ -107,10 +107,12 @@ class RLVRConfig:
 
 def smoke(**overrides) -> RLVRConfig:
   """CI sizes: one-digit sums and differences, a 2-layer width-64 decoder, a short SFT, RL on
-  16 of its problems, every one of them in each of 48 updates."""
+  16 of its problems, every one of them in each of 48 updates. Responses may run to 20 tokens,
+  past the worked answers' 14 to 15, so DAPO's 4-token overlong window penalises only responses
+  that run on after an answer."""
   fields = dict(digits=1, operations="+-", train_problems=150, rl_problems=16, eval_problems=16,
                 hidden_size=64, num_layers=2, sft_steps=300, updates=48, prompts_per_update=16,
-                n_samples=4, max_new_tokens=16)
+                n_samples=4, max_new_tokens=20)
   return RLVRConfig(**{**fields, **overrides})
 
 
