@@ -14,8 +14,8 @@ through the run configs users write (`jax-ppo train`; `jax-ppo dpo` with `prompt
 online DPO; `out/<algorithm>/`). The script measures, for the SFT model and each result, the
 greedy exact match on the held-out problems and on the RL prompts, and the sampled exact match on
 the RL prompts (`eval_samples` responses per prompt at the training temperature: the expected
-reward that RL maximises); and the KL to the SFT model and the response length at the last
-update, and the wall time of the RL stage. It writes
+reward that RL maximises). It also records the KL to the SFT model and the response length at
+the last update, and the wall time of the RL stage. It writes
 `out/summary.json` and prints the Markdown table of docs/usage.md ("The algorithms on a
 verifiable task").
 
@@ -103,6 +103,13 @@ class RLVRConfig:
   temperature: float = 1.0
   max_new_tokens: int = 24
   """Response length limit (a worked answer of 2-digit operands is about 20 tokens)."""
+
+  def __post_init__(self):
+    # The run configs check the fields they receive; this one is the script's own.
+    if isinstance(self.eval_samples, bool) or not isinstance(self.eval_samples, int) \
+        or self.eval_samples < 1:
+      raise ValueError(f"eval_samples={self.eval_samples!r}: give an int >= 1, the responses "
+                       "sampled per RL prompt for the sampled exact match (e.g. 32).")
 
 
 def smoke(**overrides) -> RLVRConfig:
@@ -372,7 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.error(f"--algorithms: unknown {unknown}; choose from {list(STAGES)}")
   overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(RLVRConfig)
                if getattr(args, f.name) is not None}
-  cfg = smoke(**overrides) if args.smoke else RLVRConfig(**overrides)
+  try:
+    cfg = smoke(**overrides) if args.smoke else RLVRConfig(**overrides)
+  except ValueError as e:
+    parser.error(str(e))
   if args.fresh:
     shutil.rmtree(args.out, ignore_errors=True)
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -78,6 +78,18 @@ def test_table_has_a_row_per_algorithm():
   assert lines[4] == "| ppo | 0.500 | 0.600 | 0.400 | - | 12.0 | 40 |"
 
 
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_eval_samples_below_one_is_refused(value):
+  with pytest.raises(ValueError, match=r"eval_samples=.*int >= 1"):
+    rlvr.smoke(eval_samples=value)
+
+
+def test_cli_refuses_eval_samples_below_one_by_name(capsys):
+  with pytest.raises(SystemExit):
+    rlvr.main(["--smoke", "--eval-samples", "0"])
+  assert "eval_samples=0: give an int >= 1" in capsys.readouterr().err
+
+
 def test_unknown_algorithm_is_refused(capsys):
   with pytest.raises(SystemExit):
     rlvr.main(["--algorithms", "grpo,trpo"])
