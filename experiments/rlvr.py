@@ -190,22 +190,19 @@ def stage_sft(cfg: RLVRConfig, out: pathlib.Path, tokenizer, *, progress: bool) 
 # -- evaluation -----------------------------------------------------------------------------------
 
 
-def accuracy(model_dir: pathlib.Path, tokenizer, prompts: Sequence[str], *,
-             max_new_tokens: int, samples: int = 0, temperature: float = 1.0,
-             seed: int = 0) -> dict[str, float]:
-  """Exact-match accuracy of the model in `model_dir` on `prompts` and its mean response length
-  in tokens: of greedy decoding (`samples=0`), or the mean over `samples` responses per prompt
-  drawn at `temperature` (the expected reward of the sampling policy; the same draws for every
-  model at one `seed`)."""
+def accuracy(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, samples: int = 0,
+             temperature: float = 1.0, seed: int = 0) -> dict[str, float]:
+  """Exact-match accuracy of `model` (a `CausalLM`) on `prompts` and its mean response length in
+  tokens: of greedy decoding (`samples=0`), or the mean over `samples` responses per prompt drawn
+  at `temperature` (the expected reward of the sampling policy; the same draws for every model at
+  one `seed`)."""
   import jax
   import numpy as np
 
-  from jax_ppo.models import from_pretrained
   from jax_ppo.rewards.arithmetic import exact_match
   from jax_ppo.rollout.config import SamplingConfig
   from jax_ppo.rollout.sampler import Sampler
 
-  model = from_pretrained(str(model_dir))
   sampler = Sampler(model, SamplingConfig(
       max_new_tokens=max_new_tokens, greedy=samples == 0, temperature=temperature,
       stop_token_ids=(tokenizer.eos_token_id,), pad_token_id=tokenizer.pad_token_id))
@@ -333,6 +330,7 @@ def run(cfg: RLVRConfig, out: str | os.PathLike, algorithms: Sequence[str], *,
         progress: bool = True) -> dict[str, Any]:
   """Every stage (module docstring); returns the summary written to `out/summary.json`."""
   from jax_ppo.compile_cache import enable_compilation_cache
+  from jax_ppo.models import from_pretrained
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from benchmarks.host import host_record
 
@@ -345,10 +343,12 @@ def run(cfg: RLVRConfig, out: str | os.PathLike, algorithms: Sequence[str], *,
   seen = [r["prompt"] for r in read_jsonl(out / "data" / "rl.jsonl")]
 
   def evaluate(model_dir: pathlib.Path) -> dict[str, float]:
-    """Held-out accuracy and length, and the greedy and sampled accuracy on the RL prompts."""
-    held = accuracy(model_dir, tokenizer, held_out, max_new_tokens=cfg.max_new_tokens)
-    train = accuracy(model_dir, tokenizer, seen, max_new_tokens=cfg.max_new_tokens)
-    sampled = accuracy(model_dir, tokenizer, seen, max_new_tokens=cfg.max_new_tokens,
+    """Held-out accuracy and length, and the greedy and sampled accuracy on the RL prompts, of
+    the model in `model_dir` (loaded once)."""
+    model = from_pretrained(str(model_dir))
+    held = accuracy(model, tokenizer, held_out, max_new_tokens=cfg.max_new_tokens)
+    train = accuracy(model, tokenizer, seen, max_new_tokens=cfg.max_new_tokens)
+    sampled = accuracy(model, tokenizer, seen, max_new_tokens=cfg.max_new_tokens,
                        samples=cfg.eval_samples, temperature=cfg.temperature, seed=cfg.seed)
     return {**held, "train_accuracy": train["accuracy"],
             "train_sampled_accuracy": sampled["accuracy"]}
